@@ -1,0 +1,8 @@
+"""dllm-trl: reinforcement learning for masked diffusion language models on top of TRL."""
+
+from .generation import DiffusionGenerationConfig, DiffusionGenerationOutput, diffusion_generate
+from .models import load_diffusion_model
+
+__version__ = "0.1.0.dev0"
+
+__all__ = ["DiffusionGenerationConfig", "DiffusionGenerationOutput", "diffusion_generate", "load_diffusion_model"]

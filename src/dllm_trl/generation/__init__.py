@@ -1,0 +1,16 @@
+"""Prompt canvas -> completion + denoising trajectory (SPEC §1)."""
+
+from .config import CACHE_MODES, SAMPLING_STYLES, UNMASKING_MODES, DiffusionGenerationConfig
+from .sampler import NEVER_COMMITTED, DiffusionGenerationOutput, diffusion_generate, draw_candidates, static_schedule
+
+__all__ = [
+    "CACHE_MODES",
+    "NEVER_COMMITTED",
+    "SAMPLING_STYLES",
+    "UNMASKING_MODES",
+    "DiffusionGenerationConfig",
+    "DiffusionGenerationOutput",
+    "diffusion_generate",
+    "draw_candidates",
+    "static_schedule",
+]

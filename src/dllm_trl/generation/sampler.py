@@ -1,0 +1,263 @@
+"""Block-wise masked-diffusion decoding with a Fast-dLLM-style KV cache that records the denoising
+trajectory (SPEC §1.1–1.3).
+
+The loop: for each block, refresh the cache with one full forward (whose logits also serve the block's
+first step), then repeat {read the block's still-masked positions, draw a candidate and its confidence per
+position, commit some of them} until the block is decoded. Rows of a batch advance in lock-step; a row
+whose block is done simply commits nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ..models.bidirectional import attention_mask_4d, diffusion_config, eos_token_ids, mask_dtype_for
+from .config import DiffusionGenerationConfig
+
+NEVER_COMMITTED = 2**31 - 1
+"""``commit_step`` of positions the sampler never decoded (filled with EOS after an early stop)."""
+
+
+@dataclass
+class DiffusionGenerationOutput:
+    """What one rollout produced.
+
+    ``sequences`` (B, P+G): prompt ⊕ decoded completion region. ``completion_ids`` (B, G): the decoded
+    region. ``completion_mask`` (B, G): 1 up to and including the first EOS. ``commit_step`` (B, G): the
+    row's decoding step at which each position was committed (dense per row, from 0; ``NEVER_COMMITTED``
+    for positions filled after an early stop). ``commit_prob`` (B, G): the committed token's probability
+    under the distribution it was drawn from. ``topk_ids`` / ``topk_logps`` (B, G, K): that distribution's
+    top-K (when ``record_topk > 0``). ``nfe``: model forward passes. ``num_steps`` (B,): steps per row.
+    """
+
+    sequences: torch.Tensor
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    commit_step: torch.Tensor
+    commit_prob: torch.Tensor
+    topk_ids: torch.Tensor | None
+    topk_logps: torch.Tensor | None
+    nfe: int
+    num_steps: torch.Tensor
+
+
+def static_schedule(block_length: int, steps_per_block: int) -> list[int]:
+    """Tokens committed at each step of a block: even split, remainder to the first steps."""
+    base, extra = divmod(block_length, steps_per_block)
+    return [base + (1 if i < extra else 0) for i in range(steps_per_block)]
+
+
+def _truncate_logits(logits: torch.Tensor, top_k: int | None, top_p: float | None) -> torch.Tensor:
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        cumulative = sorted_logits.softmax(-1).cumsum(-1)
+        drop_sorted = cumulative - sorted_logits.softmax(-1) >= top_p  # keep the token that crosses top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def draw_candidates(
+    logits: torch.Tensor,
+    mask_token_id: int,
+    temperature: float,
+    top_p: float | None,
+    top_k: int | None,
+    sampling: str,
+    generator: torch.Generator | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Draw one candidate per position from ``logits`` (..., V).
+
+    Returns ``(candidate, confidence, log_probs)``: the confidence is the candidate's probability under the
+    distribution it was drawn from (after temperature and truncation; plain softmax at temperature 0) and
+    ``log_probs`` that distribution, in float32. The mask token is never a candidate.
+    """
+    logits = logits.float()
+    logits[..., mask_token_id] = float("-inf")
+    if temperature > 0:
+        logits = _truncate_logits(logits / temperature, top_k, top_p)
+    log_probs = torch.log_softmax(logits, dim=-1)
+    if temperature == 0:
+        candidate = log_probs.argmax(-1)
+    elif sampling == "gumbel":
+        # Gumbel-max in float64: argmax(logits/T + G) is a draw from softmax(logits/T).
+        uniform = torch.rand(logits.shape, dtype=torch.float64, device=logits.device, generator=generator)
+        gumbel = -torch.log(-torch.log(uniform.clamp_min(1e-300)))
+        candidate = (log_probs.double() + gumbel).argmax(-1)
+    else:
+        flat = log_probs.reshape(-1, log_probs.shape[-1]).exp()
+        candidate = torch.multinomial(flat, 1, generator=generator).view(log_probs.shape[:-1])
+    confidence = log_probs.gather(-1, candidate.unsqueeze(-1)).squeeze(-1).exp()
+    return candidate, confidence, log_probs
+
+
+def _keep_cache_positions(cache, index: torch.Tensor) -> None:
+    """Keep only the cached keys/values at sequence ``index`` (post-RoPE keys keep their positions)."""
+    for layer in cache.layers:
+        layer.keys = layer.keys.index_select(-2, index)
+        layer.values = layer.values.index_select(-2, index)
+
+
+def _truncate_cache(cache, length: int) -> None:
+    for layer in cache.layers:
+        layer.keys = layer.keys[..., :length, :]
+        layer.values = layer.values[..., :length, :]
+
+
+def _dense_step_ranks(commit_step: torch.Tensor, total_steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Relabel each row's lock-step indices as 0, 1, 2 … over the steps at which that row committed."""
+    committed = commit_step != NEVER_COMMITTED
+    used = torch.zeros(commit_step.shape[0], total_steps + 1, dtype=torch.long, device=commit_step.device)
+    used.scatter_(1, torch.where(committed, commit_step, total_steps), 1)
+    used[:, total_steps] = 0
+    rank = used.cumsum(1) - 1
+    dense = rank.gather(1, torch.where(committed, commit_step, 0))
+    return torch.where(committed, dense, commit_step), used.sum(1)
+
+
+@torch.no_grad()
+def diffusion_generate(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    generation_config: DiffusionGenerationConfig | None = None,
+    generator: torch.Generator | None = None,
+    step_callback: Callable[[int, torch.Tensor], None] | None = None,
+) -> DiffusionGenerationOutput:
+    """Decode ``gen_length`` tokens after left-padded prompts and record the denoising trajectory.
+
+    ``step_callback(step, canvas)``, if given, sees the canvas (B, P+G) before every lock-step step.
+    """
+    cfg = generation_config or DiffusionGenerationConfig()
+    config = diffusion_config(model)
+    mask_id = config.mask_token_id
+    shift = 1 if getattr(config, "diffusion_logit_shift", False) else 0
+    sampling = cfg.sampling or getattr(config, "diffusion_sampling", "gumbel")
+    eos_ids = eos_token_ids(config)
+    if not eos_ids:
+        raise ValueError("The model config has no eos_token_id; the sampler needs one to end completions.")
+    device = input_ids.device
+    batch, prompt_len = input_ids.shape
+    if prompt_len < shift:
+        raise ValueError("A model with a logit shift needs a prompt of at least one token.")
+    gen, block = cfg.gen_length, cfg.block_length
+    total = prompt_len + gen
+    if generator is None and cfg.seed is not None:
+        generator = torch.Generator(device=device).manual_seed(cfg.seed)
+
+    prompt_mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    key_mask = torch.cat([prompt_mask, torch.ones(batch, gen, dtype=torch.bool, device=device)], dim=1)
+    canvas = torch.cat([input_ids, torch.full((batch, gen), mask_id, dtype=input_ids.dtype, device=device)], dim=1)
+    commit_step = torch.full((batch, gen), NEVER_COMMITTED, dtype=torch.long, device=device)
+    commit_prob = torch.zeros(batch, gen, dtype=torch.float32, device=device)
+    topk = cfg.record_topk
+    topk_ids = torch.zeros(batch, gen, topk, dtype=torch.long, device=device) if topk else None
+    topk_logps = torch.full((batch, gen, topk), float("-inf"), device=device) if topk else None
+    mask_dtype = mask_dtype_for(model, model.get_input_embeddings().weight.dtype)
+    eos_tensor = torch.tensor(eos_ids, device=device)
+    steps_per_block = cfg.total_steps // cfg.num_blocks
+    schedule = static_schedule(block, steps_per_block) if cfg.unmasking == "static" else None
+    step, nfe = 0, 0
+
+    def forward(ids, positions, keys, cache, logit_index, use_cache):
+        mask = attention_mask_4d(keys, batch, ids.shape[1], keys.shape[1], device, mask_dtype)
+        out = model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions.unsqueeze(0).expand(batch, -1),
+            past_key_values=cache,
+            use_cache=use_cache,
+            logits_to_keep=logit_index,
+        )
+        return out.logits, out.past_key_values
+
+    for block_index in range(cfg.num_blocks):
+        start = prompt_len + block_index * block
+        end = start + block
+        # The model reads window [win_start, win_end); a shifted model predicts position j from j - 1.
+        win_start = start - shift
+        win_end = {"none": total, "prefix": total, "dual": end}[cfg.cache]
+        cached_index = torch.cat(
+            [torch.arange(0, win_start, device=device), torch.arange(win_end, total, device=device)]
+        )
+        window_positions = torch.arange(win_start, win_end, device=device)
+        cache = None
+        step_in_block = 0
+        while True:
+            block_masked = canvas[:, start:end] == mask_id
+            columns = block_masked.any(0).nonzero().squeeze(1)  # one host sync per step
+            if columns.numel() == 0 or (schedule is not None and step_in_block == len(schedule)):
+                break
+            if step_callback is not None:
+                step_callback(step, canvas)
+            if cfg.cache == "none" or step_in_block == 0:
+                # Full forward: serves this step and (with a cache) refreshes keys/values for the block.
+                logits, cache = forward(
+                    canvas, torch.arange(total, device=device), key_mask, None, start - shift + columns,
+                    use_cache=cfg.cache != "none",
+                )
+                if cfg.cache != "none":
+                    _keep_cache_positions(cache, cached_index)
+            else:
+                keys = torch.cat([key_mask[:, cached_index], key_mask[:, win_start:win_end]], dim=1)
+                logits, cache = forward(
+                    canvas[:, win_start:win_end], window_positions, keys, cache, start - shift - win_start + columns,
+                    use_cache=True,
+                )
+                _truncate_cache(cache, cached_index.numel())
+            nfe += 1
+
+            candidate, confidence, log_probs = draw_candidates(
+                logits, mask_id, cfg.temperature, cfg.top_p, cfg.top_k, sampling, generator
+            )
+            masked = block_masked[:, columns]
+            score = confidence.masked_fill(~masked, -1.0)
+            if schedule is None:
+                commit = masked & (confidence >= cfg.threshold)
+                best = torch.zeros_like(commit).scatter_(1, score.argmax(1, keepdim=True), True)
+                commit |= best & masked & ~commit.any(1, keepdim=True)
+            else:
+                count = min(schedule[step_in_block], columns.numel())
+                chosen = torch.topk(score, count, dim=1).indices
+                commit = torch.zeros_like(masked).scatter_(1, chosen, True) & masked
+
+            region = canvas[:, start:end]
+            region[:, columns] = torch.where(commit, candidate.to(canvas.dtype), region[:, columns])
+            offset = start - prompt_len + columns
+            commit_step[:, offset] = torch.where(commit, step, commit_step[:, offset])
+            commit_prob[:, offset] = torch.where(commit, confidence, commit_prob[:, offset])
+            if topk:
+                values, ids = log_probs.topk(topk, dim=-1)
+                keep = commit.unsqueeze(-1)
+                topk_ids[:, offset] = torch.where(keep, ids, topk_ids[:, offset])
+                topk_logps[:, offset] = torch.where(keep, values, topk_logps[:, offset])
+            step += 1
+            step_in_block += 1
+
+        if cfg.stop_at_eos and block_index + 1 < cfg.num_blocks:
+            if torch.isin(canvas[:, prompt_len:end], eos_tensor).any(1).all():
+                canvas[:, end:] = eos_ids[0]
+                break
+
+    completion = canvas[:, prompt_len:]
+    is_eos = torch.isin(completion, eos_tensor)
+    first_eos = torch.where(is_eos.any(1), is_eos.int().argmax(1), gen)
+    completion_mask = (torch.arange(gen, device=device)[None, :] <= first_eos[:, None]).long()
+    dense_step, num_steps = _dense_step_ranks(commit_step, step)
+    return DiffusionGenerationOutput(
+        sequences=canvas,
+        completion_ids=completion,
+        completion_mask=completion_mask,
+        commit_step=dense_step,
+        commit_prob=commit_prob,
+        topk_ids=topk_ids,
+        topk_logps=topk_logps,
+        nfe=nfe,
+        num_steps=num_steps,
+    )

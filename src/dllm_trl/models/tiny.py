@@ -1,0 +1,120 @@
+"""Randomly initialised LLaDA- and Dream-shaped models, for tests and benchmarks (no download)."""
+
+from __future__ import annotations
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from .bidirectional import set_diffusion_properties
+
+# Published shapes (SPEC §4), used by the benchmarks' ``--shape`` option.
+LLADA_8B_SHAPE = dict(
+    vocab_size=126464, hidden_size=4096, intermediate_size=12288, num_hidden_layers=32, num_attention_heads=32,
+    num_key_value_heads=32, rms_norm_eps=1e-5, rope_theta=500000.0, mask_token_id=126336, eos_token_id=126081,
+)
+DREAM_7B_SHAPE = dict(
+    vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+    num_key_value_heads=4, rms_norm_eps=1e-6, rope_theta=1000000.0, mask_token_id=151666, eos_token_id=151643,
+)
+
+
+def tiny_llada_config(
+    vocab_size: int = 128,
+    hidden_size: int = 64,
+    intermediate_size: int = 128,
+    num_hidden_layers: int = 2,
+    num_attention_heads: int = 4,
+    num_key_value_heads: int | None = None,
+    rms_norm_eps: float = 1e-5,
+    rope_theta: float = 500000.0,
+    eos_token_id: int = 1,
+    max_position_embeddings: int = 2048,
+    **_: object,
+) -> LlamaConfig:
+    """A small ``LlamaConfig`` with LLaDA's layout: no biases, untied head, SwiGLU, RMSNorm."""
+    return LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads or num_attention_heads,
+        rms_norm_eps=rms_norm_eps,
+        rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
+        tie_word_embeddings=False,
+        attention_bias=False,
+        mlp_bias=False,
+        max_position_embeddings=max_position_embeddings,
+        eos_token_id=eos_token_id,
+        pad_token_id=eos_token_id,
+    )
+
+
+def tiny_dream_config(
+    vocab_size: int = 128,
+    hidden_size: int = 64,
+    intermediate_size: int = 128,
+    num_hidden_layers: int = 2,
+    num_attention_heads: int = 4,
+    num_key_value_heads: int = 2,
+    rms_norm_eps: float = 1e-6,
+    rope_theta: float = 1000000.0,
+    eos_token_id: int = 1,
+    max_position_embeddings: int = 2048,
+    **_: object,
+) -> Qwen2Config:
+    """A small ``Qwen2Config`` with Dream's layout: GQA, qkv bias, untied head."""
+    return Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads,
+        rms_norm_eps=rms_norm_eps,
+        rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
+        tie_word_embeddings=False,
+        max_position_embeddings=max_position_embeddings,
+        use_sliding_window=False,
+        eos_token_id=eos_token_id,
+        pad_token_id=eos_token_id,
+        bos_token_id=eos_token_id,
+    )
+
+
+def _build(model_cls, config, seed: int, dtype: torch.dtype | None, attn_implementation: str):
+    config._attn_implementation = attn_implementation
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = model_cls(config)
+    if dtype is not None:
+        model = model.to(dtype)
+    return model.eval()
+
+
+def build_tiny_llada(
+    mask_token_id: int | None = None,
+    seed: int = 0,
+    dtype: torch.dtype | None = None,
+    attn_implementation: str = "sdpa",
+    **config_kwargs,
+) -> LlamaForCausalLM:
+    """A random LLaDA-shaped diffusion LM (mask = last vocabulary id unless given)."""
+    config = tiny_llada_config(**config_kwargs)
+    model = _build(LlamaForCausalLM, config, seed, dtype, attn_implementation)
+    mask = config.vocab_size - 1 if mask_token_id is None else mask_token_id
+    return set_diffusion_properties(model, mask_token_id=mask, logit_shift=False, sampling="gumbel")
+
+
+def build_tiny_dream(
+    mask_token_id: int | None = None,
+    seed: int = 0,
+    dtype: torch.dtype | None = None,
+    attn_implementation: str = "sdpa",
+    **config_kwargs,
+) -> Qwen2ForCausalLM:
+    """A random Dream-shaped diffusion LM (logit shift on, categorical sampling)."""
+    config = tiny_dream_config(**config_kwargs)
+    model = _build(Qwen2ForCausalLM, config, seed, dtype, attn_implementation)
+    mask = config.vocab_size - 1 if mask_token_id is None else mask_token_id
+    return set_diffusion_properties(model, mask_token_id=mask, logit_shift=True, sampling="categorical")
