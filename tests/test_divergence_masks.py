@@ -493,3 +493,17 @@ def test_mask_metrics():
     assert m["is_weight_mean"].item() == pytest.approx(3.0)
     empty = dm.mask_metrics(keep, adv, valid=torch.zeros(6, dtype=torch.bool))
     assert empty["masked_frac"].item() == 0.0
+
+
+def test_binary_tail_is_accurate_in_float32_near_one():
+    # LLM tokens often have p(a) ≈ 1: 1 − p must not be lost to float32 rounding.
+    mu_a = torch.tensor([-1e-6, -3e-7], dtype=torch.float32)
+    pi_a = torch.tensor([-2e-6, -1e-7], dtype=torch.float32)
+    ids = torch.zeros(2, 0, dtype=torch.long)
+    view = dm.truncated_view(ids, ids.float(), torch.tensor([5, 7]), mu_a, pi_a[:, None])
+    torch.testing.assert_close(view.mu_tail, torch.tensor([1e-6, 3e-7]), rtol=1e-4, atol=0)
+    torch.testing.assert_close(view.pi_tail, torch.tensor([2e-6, 1e-7]), rtol=1e-4, atol=0)
+    # binary KL agrees with a float64 evaluation of the formula
+    m, p = mu_a.double().exp(), pi_a.double().exp()
+    ref = m * (m / p).log() + (1 - m) * ((1 - m) / (1 - p)).log()
+    torch.testing.assert_close(dm.topk_kl(view).double(), ref, rtol=1e-3, atol=1e-10)

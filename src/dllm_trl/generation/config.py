@@ -89,8 +89,8 @@ class DiffusionGenerationConfig:
                 )
         elif self.steps is not None:
             raise ValueError("steps is only used with unmasking='static'; leave it None for dynamic unmasking.")
-        if self.temperature < 0:
-            raise ValueError(f"temperature={self.temperature} must be ≥ 0.")
+        if not 0.0 <= self.temperature < float("inf"):  # also rejects NaN
+            raise ValueError(f"temperature={self.temperature} must be a finite number ≥ 0.")
         if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p={self.top_p} must lie in (0, 1].")
         if self.top_k is not None and self.top_k < 1:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -76,9 +77,16 @@ def draw_candidates(
 
     Returns ``(candidate, confidence, log_probs)``: the confidence is the candidate's probability under the
     distribution it was drawn from (after temperature and truncation; plain softmax at temperature 0) and
-    ``log_probs`` that distribution, in float32. The mask token is never a candidate.
+    ``log_probs`` that distribution, in float32. The mask token is never a candidate. ``logits`` is not
+    modified.
     """
-    logits = logits.float()
+    return _draw_candidates(
+        logits.to(torch.float32, copy=True), mask_token_id, temperature, top_p, top_k, sampling, generator
+    )
+
+
+def _draw_candidates(logits, mask_token_id, temperature, top_p, top_k, sampling, generator):
+    """:func:`draw_candidates` on float32 ``logits`` that it may overwrite (the sampler's own, saving a copy)."""
     logits[..., mask_token_id] = float("-inf")
     if temperature > 0:
         logits = _truncate_logits(logits / temperature, top_k, top_p)
@@ -97,17 +105,72 @@ def draw_candidates(
     return candidate, confidence, log_probs
 
 
-def _keep_cache_positions(cache, index: torch.Tensor) -> None:
-    """Keep only the cached keys/values at sequence ``index`` (post-RoPE keys keep their positions)."""
-    for layer in cache.layers:
-        layer.keys = layer.keys.index_select(-2, index)
-        layer.values = layer.values.index_select(-2, index)
+class _Window(NamedTuple):
+    """What a cached step of one block feeds: canvas positions [start, end) plus the kept keys/values."""
+
+    start: int
+    end: int
+    cached: torch.Tensor  # canvas positions whose keys/values stay in the cache, in cache order
 
 
-def _truncate_cache(cache, length: int) -> None:
+def _block_window(cache_mode: str, start: int, end: int, total: int, shift: int, device) -> _Window | None:
+    """The window of block [start, end) under ``cache_mode`` (None without a cache).
+
+    A shifted model predicts position j from j - 1, so the window starts one position early. Prefix cache
+    feeds the block and everything after it; dual cache feeds only the block.
+    """
+    if cache_mode == "none":
+        return None
+    win_start, win_end = start - shift, (end if cache_mode == "dual" else total)
+    cached = torch.cat([torch.arange(0, win_start, device=device), torch.arange(win_end, total, device=device)])
+    return _Window(win_start, win_end, cached)
+
+
+def _model_forward(model, ids, positions, key_mask, cache, logit_index, use_cache, mask_dtype):
+    batch = ids.shape[0]
+    mask = attention_mask_4d(key_mask, batch, ids.shape[1], key_mask.shape[1], ids.device, mask_dtype)
+    out = model(
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=positions.unsqueeze(0).expand(batch, -1),
+        past_key_values=cache,
+        use_cache=use_cache,
+        logits_to_keep=logit_index,
+    )
+    return out.logits, out.past_key_values
+
+
+def _full_forward(model, canvas, key_mask, logit_index, window: _Window | None, mask_dtype):
+    """Forward over the whole canvas; logits at canvas positions ``logit_index``.
+
+    With a ``window`` it also (re)builds the block's cache: post-RoPE keys/values of the positions outside
+    the window, taken from this very forward (so the next cached step starts exact).
+    """
+    positions = torch.arange(canvas.shape[1], device=canvas.device)
+    logits, cache = _model_forward(
+        model, canvas, positions, key_mask, None, logit_index, use_cache=window is not None, mask_dtype=mask_dtype
+    )
+    if window is not None:
+        for layer in cache.layers:
+            layer.keys = layer.keys.index_select(-2, window.cached)
+            layer.values = layer.values.index_select(-2, window.cached)
+    return logits, cache
+
+
+def _cached_forward(model, canvas, key_mask, cache, window: _Window, logit_index, mask_dtype):
+    """Forward over the window only, attending to the cached keys too; logits at canvas positions
+    ``logit_index`` (inside the window). The window's own keys/values are dropped again afterwards."""
+    keys = torch.cat([key_mask[:, window.cached], key_mask[:, window.start : window.end]], dim=1)
+    positions = torch.arange(window.start, window.end, device=canvas.device)
+    logits, cache = _model_forward(
+        model, canvas[:, window.start : window.end], positions, keys, cache, logit_index - window.start,
+        use_cache=True, mask_dtype=mask_dtype,
+    )
+    kept = window.cached.numel()
     for layer in cache.layers:
-        layer.keys = layer.keys[..., :length, :]
-        layer.values = layer.values[..., :length, :]
+        layer.keys = layer.keys[..., :kept, :]
+        layer.values = layer.values[..., :kept, :]
+    return logits
 
 
 def _dense_step_ranks(commit_step: torch.Tensor, total_steps: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -165,28 +228,10 @@ def diffusion_generate(
     schedule = static_schedule(block, steps_per_block) if cfg.unmasking == "static" else None
     step, nfe = 0, 0
 
-    def forward(ids, positions, keys, cache, logit_index, use_cache):
-        mask = attention_mask_4d(keys, batch, ids.shape[1], keys.shape[1], device, mask_dtype)
-        out = model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions.unsqueeze(0).expand(batch, -1),
-            past_key_values=cache,
-            use_cache=use_cache,
-            logits_to_keep=logit_index,
-        )
-        return out.logits, out.past_key_values
-
     for block_index in range(cfg.num_blocks):
         start = prompt_len + block_index * block
         end = start + block
-        # The model reads window [win_start, win_end); a shifted model predicts position j from j - 1.
-        win_start = start - shift
-        win_end = {"none": total, "prefix": total, "dual": end}[cfg.cache]
-        cached_index = torch.cat(
-            [torch.arange(0, win_start, device=device), torch.arange(win_end, total, device=device)]
-        )
-        window_positions = torch.arange(win_start, win_end, device=device)
+        window = _block_window(cfg.cache, start, end, total, shift, device)
         cache = None
         step_in_block = 0
         while True:
@@ -196,25 +241,17 @@ def diffusion_generate(
                 break
             if step_callback is not None:
                 step_callback(step, canvas)
-            if cfg.cache == "none" or step_in_block == 0:
-                # Full forward: serves this step and (with a cache) refreshes keys/values for the block.
-                logits, cache = forward(
-                    canvas, torch.arange(total, device=device), key_mask, None, start - shift + columns,
-                    use_cache=cfg.cache != "none",
-                )
-                if cfg.cache != "none":
-                    _keep_cache_positions(cache, cached_index)
+            # A shifted model predicts position j from the output at j - 1.
+            logit_index = start - shift + columns
+            if cache is None:
+                # Without a cache every step is a full forward; with one, the block's first step refreshes it.
+                logits, cache = _full_forward(model, canvas, key_mask, logit_index, window, mask_dtype)
             else:
-                keys = torch.cat([key_mask[:, cached_index], key_mask[:, win_start:win_end]], dim=1)
-                logits, cache = forward(
-                    canvas[:, win_start:win_end], window_positions, keys, cache, start - shift - win_start + columns,
-                    use_cache=True,
-                )
-                _truncate_cache(cache, cached_index.numel())
+                logits = _cached_forward(model, canvas, key_mask, cache, window, logit_index, mask_dtype)
             nfe += 1
 
-            candidate, confidence, log_probs = draw_candidates(
-                logits, mask_id, cfg.temperature, cfg.top_p, cfg.top_k, sampling, generator
+            candidate, confidence, log_probs = _draw_candidates(
+                logits.float(), mask_id, cfg.temperature, cfg.top_p, cfg.top_k, sampling, generator
             )
             masked = block_masked[:, columns]
             score = confidence.masked_fill(~masked, -1.0)

@@ -40,3 +40,6 @@ __all__ = [
     "tiny_dream_config",
     "tiny_llada_config",
 ]
+from .scoring import completion_logits, completion_token_logps, selective_log_softmax
+
+__all__ += ["completion_logits", "completion_token_logps", "selective_log_softmax"]

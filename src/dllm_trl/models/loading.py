@@ -100,6 +100,26 @@ def dream_to_qwen2_config(raw: dict) -> Qwen2Config:
     return Qwen2Config(**keys)
 
 
+def _forget_llada_renaming(model) -> None:
+    """Keep Llama weight names on ``save_pretrained``.
+
+    transformers >= 5 remembers the ``key_mapping`` used at load time (``model._weight_conversions``) and, by
+    default, reverts it when saving. The saved config is a plain ``LlamaConfig``, so LLaDA names in the saved
+    weights would make the checkpoint unloadable (every weight "missing", silently re-initialised). Drop the
+    LLaDA renamings, keep any other conversion transformers recorded.
+    """
+    conversions = getattr(model, "_weight_conversions", None)
+    if not conversions:
+        return
+    llada_patterns = set(LLADA_KEY_MAPPING)
+
+    def is_llada(conversion) -> bool:
+        patterns = getattr(conversion, "_original_source_patterns", None) or getattr(conversion, "source_patterns", None)
+        return bool(patterns) and set(patterns) <= llada_patterns
+
+    model._weight_conversions = [c for c in conversions if not is_llada(c)]
+
+
 def load_diffusion_model(
     name_or_path: str,
     mask_token_id: int | None = None,
@@ -125,6 +145,7 @@ def load_diffusion_model(
         model = LlamaForCausalLM.from_pretrained(
             name_or_path, config=config, key_mapping=LLADA_KEY_MAPPING, **from_pretrained_kwargs
         )
+        _forget_llada_renaming(model)
         defaults = {"mask": raw.get("mask_token_id", LLADA_DEFAULTS["mask_token_id"]), "shift": False, "sampling": "gumbel"}
     elif family == "dream":
         config = dream_to_qwen2_config(raw)

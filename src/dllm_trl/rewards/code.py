@@ -1,0 +1,659 @@
+r"""Code reward: the last ```` ```python ```` block of a completion, run against unit tests in an
+isolated process; reward = passed / total.
+
+Architecture (three processes per completion)
+----------------------------------------------
+* **caller** (the trainer): builds a job, starts a *judge* (``python -I -S``, empty environment,
+  own session) and waits at most ``total_timeout + 2 * boot_timeout + 5`` seconds, then SIGKILLs the judge's
+  process group and every process still owned by the completion's sandbox uid, and removes the
+  scratch folder.
+* **judge** (trusted, stdlib only, ``_sandbox_judge.py``): runs the *tests* and decides pass/fail.
+* **executor** (untrusted, ``_sandbox_executor.py``): runs the *candidate program*, in the sandbox.
+  The tests call the candidate's functions through proxies; arguments and results cross the process
+  boundary as plain data (tagged JSON of builtin types, ``_sandbox_codec.py``), and every
+  assertion / comparison is evaluated in the judge on plain builtin values.
+
+Guarantees when the trainer runs as **root** on Linux with namespaces available (checked by
+``tests/test_rewards_code.py``; :func:`sandbox_capabilities` reports what holds at run time):
+
+* the pass count cannot be forged: it is computed by the judge, which the executor cannot write to
+  (it never inherits the judge's output pipe), signal, ptrace or read (other uid, non-dumpable, no
+  /proc); replies are only accepted as data, so exiting (``sys.exit``/``os._exit``/``SystemExit``),
+  printing fake markers, writing forged protocol messages, patching builtins or the harness inside
+  the executor, or returning an object whose ``__eq__`` is always True cannot make a test pass;
+  expected values and test code never enter the executor (it only sees the arguments of the calls
+  made to it); names the candidate defines never shadow builtins or trusted test-setup names;
+* time: per-test wall-clock budget (``timeout``, module loading is charged to the first test),
+  per-completion budget, ``RLIMIT_CPU``; writes to a candidate that stopped reading are bounded
+  too; the caller's own hard limit kills the judge's process group and all sandbox-uid processes;
+* memory ``RLIMIT_AS`` (default 1 GiB); ``RLIMIT_FSIZE`` (16 MiB); scratch tmpfs capped (64 MiB);
+  ``RLIMIT_NOFILE``; no core dumps; replies larger than 16 MiB are rejected;
+* processes: the executor runs as a fresh, unused uid/gid (random in [2^30, 2^31), or in the
+  mapped id range inside a user namespace; never an existing account) with no supplementary groups
+  and ``RLIMIT_NPROC=1`` — effective because it is not root (the kernel ignores RLIMIT_NPROC for
+  root) — so ``fork`` and thread creation fail with EAGAIN; it cannot signal or ptrace any other
+  process (different uid, and seccomp blocks ``kill``/``tgkill``/``ptrace``/...);
+  ``PR_SET_NO_NEW_PRIVS`` blocks set-uid binaries; regaining root is impossible;
+* filesystem: private mount namespace; the executor is chroot()ed into a tmpfs mounted on the
+  scratch folder, containing only read-only bind mounts of the Python stdlib,
+  /dev/{null,zero,random,urandom} and its private ``/tmp`` (working directory, shared by the tests
+  of one completion); nothing else is visible, so nothing outside can be read, written or deleted;
+  the scratch folder is removed afterwards;
+* secrets: judge and executor start with an empty environment; ``/proc`` is not mounted in the
+  chroot; other processes' memory/environ are unreadable (other uid);
+* network: private (empty) network namespace, and seccomp rejects ``socket()`` of every family.
+
+Not guaranteed: protection against kernel exploits (the sandbox shares the host kernel; seccomp is
+a deny-list, not an allow-list); CPU/cache contention between concurrent sandboxes; semantic reward
+hacking such as hard-coding the outputs for tests shown in the prompt. The judge itself runs the
+dataset's test code as the caller's user (root here), inside its own mount/network namespace.
+
+Degraded modes (reported by :func:`sandbox_capabilities`): root without CAP_SYS_ADMIN (e.g.
+Docker's default) → no mount/network namespace, no chroot: the executor runs in a 0700 scratch
+folder as the sandbox uid, so it can read world-readable files and write to world-writable places
+(/tmp, /dev/shm); ``socket()`` stays blocked by seccomp (no network, no unix-socket connections);
+only the stdlib modules pre-imported before the privilege drop are importable when the interpreter
+lives in an unreadable directory (as under /root here). Not root → no uid change: RLIMIT_NPROC still
+blocks fork (the user already owns processes), seccomp still blocks kill/ptrace/sockets, but every
+file writable by the user is writable by the candidate (this mode is not exercised by the tests).
+
+Semantics and limitations: the tested functions must take and return builtin values (numbers,
+strings, bytes, lists, tuples, sets, dicts, ranges, deques; iterators/generators are exhausted
+and arrive as ``list_iterator``); objects of user-defined classes cannot be returned (those tests
+fail); in-place mutation of arguments is not visible to the tests; the candidate cannot use
+threads or subprocesses; only the standard library is importable; stdout/stdin are /dev/null.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from .math import completion_to_text
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "extract_python_block",
+    "code_reward",
+    "make_code_reward",
+    "run_code_tests",
+    "CodeTestResult",
+    "SandboxConfig",
+    "sandbox_capabilities",
+]
+
+PRELOAD_MODULES = [
+    "math", "cmath", "re", "string", "collections", "itertools", "functools", "heapq", "bisect",
+    "operator", "copy", "fractions", "decimal", "statistics", "typing", "numbers", "datetime",
+    "random", "array", "hashlib", "json", "textwrap", "unicodedata", "struct", "calendar",
+    "dataclasses", "enum", "time", "abc", "collections.abc", "contextlib", "types", "weakref",
+]
+
+PRELOAD_MODULES_MIN = ["math", "re", "collections", "itertools", "functools", "heapq", "bisect", "string", "typing", "operator", "copy"]
+
+
+# =============================================================================== extraction
+_PY_LANGS = {"python", "py", "python3", "py3"}
+
+
+def extract_python_block(text: str | None) -> str | None:
+    """The LAST fenced code block tagged ``python`` (also ``py``, ``python3``, ``py3``; any case).
+
+    Fallback: when no python-tagged block exists, the last *untagged* fenced block (```` ``` ````
+    alone); blocks tagged with another language are never used. Fences may be ``` or ~~~ (3+),
+    optionally indented; a closing fence glued to the last code line (``return x```) is accepted; a
+    final block left unclosed (truncated generation) still counts. Returns ``None`` when there is
+    no usable block.
+    """
+    if not isinstance(text, str) or "```" not in text and "~~~" not in text:
+        return None
+    blocks: list[tuple[str, str]] = []
+    lines = text.split("\n")
+    inside = False
+    fence = ""
+    lang = ""
+    buf: list[str] = []
+    for line in lines:
+        stripped = line.strip()
+        if not inside:
+            if stripped.startswith("```") or stripped.startswith("~~~"):
+                ch = stripped[0]
+                n = len(stripped) - len(stripped.lstrip(ch))
+                fence = ch * n
+                info = stripped[n:].strip()
+                if ch in info:  # ```inline``` on one line: not a block opener
+                    continue
+                lang = info.split()[0].lower() if info else ""
+                lang = lang.lstrip("{.").rstrip("}")
+                inside, buf = True, []
+            continue
+        if stripped.startswith(fence) and stripped.strip(fence[0]) == "":
+            blocks.append((lang, "\n".join(buf)))
+            inside = False
+            continue
+        if stripped.endswith(fence) and len(stripped) > len(fence):
+            buf.append(line.rstrip()[: -len(fence)])
+            blocks.append((lang, "\n".join(buf)))
+            inside = False
+            continue
+        buf.append(line)
+    if inside:
+        blocks.append((lang, "\n".join(buf)))
+    for want in (lambda l: l in _PY_LANGS, lambda l: l == ""):
+        for lg, code in reversed(blocks):
+            if want(lg) and code.strip():
+                return code.rstrip("\n")
+    return None
+
+
+# =============================================================================== configuration
+@dataclass
+class SandboxConfig:
+    """Limits of one completion's evaluation.
+
+    timeout: wall-clock seconds per test (module loading is charged to the first test);
+    total_timeout: seconds per completion (default ``timeout * n_tests``, capped by
+    ``max_total_timeout``); memory_mb: RLIMIT_AS of the executor; file_size_mb: RLIMIT_FSIZE;
+    scratch_mb: size of the scratch tmpfs; nofile: RLIMIT_NOFILE; max_procs: RLIMIT_NPROC (1 = no
+    fork, no threads); namespaces / seccomp: ``"auto"`` (use when available), ``"require"``
+    (infrastructure error when unavailable) or ``"off"``; workers: concurrent completions;
+    boot_timeout: allowance for interpreter start-up (not charged to the candidate).
+    """
+
+    timeout: float = 5.0
+    total_timeout: float | None = None
+    max_total_timeout: float = 30.0
+    memory_mb: int = 1024
+    file_size_mb: int = 16
+    scratch_mb: int = 64
+    nofile: int = 64
+    max_procs: int = 1
+    namespaces: str = "auto"
+    seccomp: str = "auto"
+    workers: int | None = None
+    boot_timeout: float = 30.0
+    max_message_mb: int = 16
+    scratch_root: str | None = None
+    python: str | None = None
+
+    def n_workers(self) -> int:
+        if self.workers:
+            return max(1, int(self.workers))
+        env = os.environ.get("DLLM_TRL_CODE_WORKERS")
+        if env:
+            try:
+                return max(1, int(env))
+            except ValueError:
+                pass
+        return max(1, min(8, os.cpu_count() or 1))
+
+
+@dataclass
+class CodeTestResult:
+    passed: int
+    total: int
+    tests: list[dict] = field(default_factory=list)
+    error: str | None = None  # infrastructure error (not the candidate's fault)
+    isolation: dict | None = None
+
+    @property
+    def reward(self) -> float:
+        return self.passed / self.total if self.total > 0 else 0.0
+
+
+# =============================================================================== sources
+_SRC_CACHE: dict[str, str] = {}
+
+
+def _read_src(name: str) -> str:
+    if name not in _SRC_CACHE:
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
+        with open(path, encoding="utf-8") as fh:
+            _SRC_CACHE[name] = fh.read()
+    return _SRC_CACHE[name]
+
+
+def _judge_src() -> str:
+    return _read_src("_sandbox_codec.py") + "\n\n" + _read_src("_sandbox_judge.py")
+
+
+def _executor_src() -> str:
+    return _read_src("_sandbox_codec.py") + "\n\n" + _read_src("_sandbox_executor.py")
+
+
+# =============================================================================== running one completion
+_UID_LOCK = threading.Lock()
+_UIDS_IN_USE: set[int] = set()
+_RNG = random.SystemRandom()
+
+
+def _mapped_ranges(path: str) -> list[tuple[int, int]]:
+    """[start, stop) id ranges usable in this user namespace (from /proc/self/{uid,gid}_map)."""
+    out = []
+    try:
+        with open(path) as fh:
+            for line in fh:
+                parts = line.split()
+                if len(parts) == 3:
+                    start, count = int(parts[0]), int(parts[2])
+                    out.append((start, start + count))
+    except (OSError, ValueError):
+        out = [(0, 1 << 32)]
+    return out or [(0, 1 << 32)]
+
+
+_SANDBOX_ID_RANGE: tuple[int, int] | None = None
+
+
+def _sandbox_id_range() -> tuple[int, int]:
+    """Ids for sandbox uids/gids: [2^30, 2^31) when mapped (the normal case), else (inside a user
+    namespace with a small map, e.g. rootless containers) the upper part of the largest range that
+    both the uid and the gid maps allow, above the usual system/user ids."""
+    global _SANDBOX_ID_RANGE
+    if _SANDBOX_ID_RANGE is None:
+        best = (1 << 30, (1 << 31) - 2)
+        spans = []
+        for us, ue in _mapped_ranges("/proc/self/uid_map"):
+            for gs, ge in _mapped_ranges("/proc/self/gid_map"):
+                lo, hi = max(us, gs), min(ue, ge)
+                if hi > lo:
+                    spans.append((lo, hi))
+        if not any(lo <= best[0] and best[1] <= hi for lo, hi in spans) and spans:
+            lo, hi = max(spans, key=lambda r: r[1] - r[0])
+            lo = max(lo, min(hi - 16, 40000))
+            best = (lo, max(lo + 1, hi - 2))  # keep away from 65534/65535 (nobody / overflow id)
+        _SANDBOX_ID_RANGE = best
+    return _SANDBOX_ID_RANGE
+
+
+def _id_exists(uid: int) -> bool:
+    """A real account or group uses this id (then it is never used for a sandbox, so that the
+    leftover sweep ``_kill_uid`` can never hit a real user's processes)."""
+    import grp
+    import pwd
+
+    for lookup in (pwd.getpwuid, grp.getgrgid):
+        try:
+            lookup(uid)
+            return True
+        except (KeyError, OverflowError):
+            pass
+    return False
+
+
+def _alloc_uid() -> int | None:
+    """A fresh sandbox uid (also used as gid), unused by any live sandbox of this process."""
+    if os.geteuid() != 0:
+        return None
+    lo, hi = _sandbox_id_range()
+    with _UID_LOCK:
+        for _ in range(1000):
+            uid = _RNG.randrange(lo, hi)
+            if uid in _UIDS_IN_USE or uid in (0, 65534, 65535) or _id_exists(uid):
+                continue
+            _UIDS_IN_USE.add(uid)
+            return uid
+    raise RuntimeError("no free sandbox uid")
+
+
+def _free_uid(uid: int | None) -> None:
+    if uid is None:
+        return
+    with _UID_LOCK:
+        _UIDS_IN_USE.discard(uid)
+
+
+def _kill_uid(uid: int | None) -> int:
+    """SIGKILL every process whose real uid is ``uid`` (sandbox leftovers). Returns the count."""
+    if uid is None:
+        return 0
+    killed = 0
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/status", "rb") as fh:
+                for line in fh:
+                    if line.startswith(b"Uid:"):
+                        if int(line.split()[1]) == uid:
+                            os.kill(int(pid), signal.SIGKILL)
+                            killed += 1
+                        break
+        except (OSError, ValueError, IndexError):
+            continue
+    return killed
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(key: str, msg: str) -> None:
+    if key in _WARNED:
+        return
+    _WARNED.add(key)
+    logger.error(msg)
+    warnings.warn(msg, RuntimeWarning, stacklevel=3)
+
+
+def run_code_tests(
+    program: str,
+    tests: Sequence[str] | str | None = None,
+    *,
+    test: str | None = None,
+    entry_point: str | None = None,
+    test_setup_code: str | None = None,
+    test_imports: Sequence[str] | None = None,
+    config: SandboxConfig | None = None,
+) -> CodeTestResult:
+    """Run ``program`` (untrusted source) against unit tests in the sandbox.
+
+    Either ``tests``: a list of statements (MBPP ``test_list``: ``"assert f(1) == 2"``), each one
+    test; or a single string of test code, whose top-level ``assert`` statements are the tests and
+    other top-level statements are shared setup. Or ``test`` + ``entry_point`` (HumanEval): ``test``
+    defines ``check(candidate)``, called once with the candidate's ``entry_point`` (one test).
+    ``test_setup_code`` / ``test_imports``: trusted code executed in the judge before the tests
+    (e.g. helpers such as HumanEval's ``encode_cyclic``).
+    """
+    cfg = config or SandboxConfig()
+    setup_parts: list[str] = []
+    if test_imports:
+        setup_parts.extend(str(x) for x in test_imports)
+    if test_setup_code:
+        setup_parts.append(str(test_setup_code))
+    if entry_point and test:
+        mode, test_list, n = "check", [], 1
+    else:
+        mode = "asserts"
+        test_list, extra_setup = _split_tests(tests)
+        if extra_setup:
+            setup_parts.append(extra_setup)
+        n = len(test_list)
+    if n == 0:
+        return CodeTestResult(0, 0, error="no tests")
+    if not isinstance(program, str) or not program.strip():
+        return CodeTestResult(0, n, tests=[{"i": i, "passed": False, "err": "no program"} for i in range(n)])
+    total = cfg.total_timeout if cfg.total_timeout is not None else min(cfg.timeout * n, cfg.max_total_timeout)
+    total = max(total, cfg.timeout)
+    uid = _alloc_uid()
+    scratch = tempfile.mkdtemp(prefix="dllm_code_", dir=cfg.scratch_root)
+    job = {
+        "program": program,
+        "mode": mode,
+        "tests": test_list,
+        "check": test or "",
+        "entry_point": entry_point or "",
+        "setup": "\n".join(setup_parts),
+        "executor_src": _executor_src(),
+        "python": cfg.python or sys.executable,
+        "uid": uid,
+        "gid": uid,
+        "scratch": scratch,
+        "limits": {
+            "cpu_s": int(total) + 2,
+            "as_bytes": int(cfg.memory_mb) << 20,
+            "fsize_bytes": int(cfg.file_size_mb) << 20,
+            "tmpfs_bytes": int(cfg.scratch_mb) << 20,
+            "nofile": int(cfg.nofile),
+            "nproc": int(cfg.max_procs),
+        },
+        "namespaces": cfg.namespaces,
+        "seccomp": cfg.seccomp,
+        "preload": PRELOAD_MODULES,
+        "preload_min": PRELOAD_MODULES_MIN,
+        "timeout": float(cfg.timeout),
+        "total_timeout": float(total),
+        "boot_timeout": float(cfg.boot_timeout),
+        "max_message_bytes": int(cfg.max_message_mb) << 20,
+        "judge_as_bytes": max(2 << 30, 3 * (int(cfg.memory_mb) << 20)),
+    }
+    results: dict[int, dict] = {}
+    error: str | None = None
+    iso: dict | None = None
+    proc = None
+    try:
+        proc = subprocess.Popen(
+            [job["python"], "-I", "-S", "-c", _judge_src()],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={},
+            cwd="/",
+            close_fds=True,
+            start_new_session=True,
+        )
+        hard = total + cfg.boot_timeout * 2 + 5.0
+        try:
+            out, err = proc.communicate(json.dumps(job).encode("utf-8"), timeout=hard)
+        except subprocess.TimeoutExpired:
+            _killpg(proc)
+            out, err = proc.communicate()
+            error = "judge exceeded the hard time limit"
+        for line in out.decode("utf-8", "replace").splitlines():
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            k = msg.get("k")
+            if k == "test" and isinstance(msg.get("i"), int) and 0 <= msg["i"] < n:
+                results[msg["i"]] = msg
+            elif k == "iso":
+                iso = msg
+            elif k == "infra":
+                error = str(msg.get("e"))
+        if proc.returncode not in (0, None) and error is None and len(results) < n:
+            error = f"judge exited with {proc.returncode}: {err.decode('utf-8', 'replace')[-500:]}"
+    except OSError as exc:
+        error = f"cannot start judge: {exc}"
+    finally:
+        if proc is not None and proc.poll() is None:
+            _killpg(proc)
+        _kill_uid(uid)
+        _free_uid(uid)
+        shutil.rmtree(scratch, ignore_errors=True)
+    tests_out = [results.get(i, {"i": i, "passed": False, "err": "not run"}) for i in range(n)]
+    passed = sum(1 for r in tests_out if r.get("passed") is True)
+    if error is not None:
+        _warn_once("infra:" + error[:60], f"dllm_trl code reward: sandbox infrastructure error: {error}")
+    return CodeTestResult(passed, n, tests=tests_out, error=error, isolation=iso)
+
+
+def _killpg(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    try:
+        proc.kill()
+    except OSError:
+        pass
+
+
+def _split_tests(tests: Sequence[str] | str | None) -> tuple[list[str], str]:
+    """``tests`` → (list of test statements, shared setup source)."""
+    if tests is None:
+        return [], ""
+    if isinstance(tests, str):
+        import ast
+
+        try:
+            tree = ast.parse(tests)
+        except SyntaxError:
+            return [tests], ""
+        asserts, setup = [], []
+        for node in tree.body:
+            src = ast.get_source_segment(tests, node) or ast.unparse(node)
+            (asserts if isinstance(node, ast.Assert) else setup).append(src)
+        if not asserts:
+            return [tests], ""
+        return asserts, "\n".join(setup)
+    return [str(t) for t in tests], ""
+
+
+# =============================================================================== capabilities
+_CAPS: dict | None = None
+
+
+def sandbox_capabilities(config: SandboxConfig | None = None) -> dict:
+    """Run a trivial job and report what the sandbox enforces here (cached)::
+
+        {"fs": "chroot"|"chdir", "uid_drop": bool, "netns": bool, "mountns": bool,
+         "seccomp": "on"|..., "rlimits": {...}, "root": bool (the caller)}
+    """
+    global _CAPS
+    if _CAPS is not None and config is None:
+        return _CAPS
+    res = run_code_tests("def f():\n    return 1\n", ["assert f() == 1"], config=config)
+    iso = res.isolation or {}
+    ex = iso.get("executor") or {}
+    fs = iso.get("fs") or {}
+    caps = {
+        "ok": res.passed == 1,
+        "error": res.error,
+        "root": os.geteuid() == 0,
+        "fs": ex.get("fs"),
+        "uid_drop": bool(os.geteuid() == 0 and ex.get("uid") not in (None, 0) and not ex.get("root")),
+        "mountns": bool(fs.get("mountns")),
+        "netns": bool(fs.get("netns")),
+        "tmpfs": bool(fs.get("tmpfs")),
+        "seccomp": ex.get("seccomp"),
+        "no_new_privs": bool(ex.get("no_new_privs")),
+        "rlimits": ex.get("rlimits"),
+    }
+    if config is None:
+        _CAPS = caps
+    return caps
+
+
+# =============================================================================== TRL reward
+def _score(args: tuple[Any, dict, SandboxConfig]) -> float:
+    completion, row, cfg = args
+    try:
+        code = extract_python_block(completion_to_text(completion))
+        if code is None:
+            return 0.0
+        prefix = row.get("code_prefix")
+        if prefix:
+            code = str(prefix) + "\n" + code
+        entry = row.get("entry_point")
+        test = row.get("test")
+        tests = row.get("tests")
+        setup = row.get("test_setup_code")
+        if entry and test and prefix and not setup:
+            setup = prefix  # trusted helpers of the prompt (HumanEval) are available to check()
+        if tests is None and not (entry and test):
+            tests = test
+        res = run_code_tests(
+            code,
+            tests,
+            test=test if entry else None,
+            entry_point=entry,
+            test_setup_code=setup,
+            test_imports=row.get("test_imports"),
+            config=cfg,
+        )
+        if res.error == "no tests":
+            _warn_once("no-tests", "dllm_trl code reward: a row has no tests (columns tests/test_list or test+entry_point); it scores 0.")
+        return res.reward
+    except Exception as exc:  # pragma: no cover - defensive
+        _warn_once("score", f"dllm_trl code reward: unexpected error {exc!r}")
+        return 0.0
+
+
+def _column(values: Any, n: int, name: str) -> list:
+    """A dataset column → one entry per completion. TRL always passes columns (length ``n``); for
+    direct calls a single value (a string, or a list of assert strings whose length is not ``n``)
+    is shared by every completion."""
+    if values is None:
+        return [None] * n
+    if isinstance(values, str):
+        return [values] * n
+    if isinstance(values, (list, tuple)):
+        if len(values) == n:
+            return list(values)
+        if all(isinstance(v, str) for v in values):
+            return [list(values)] * n
+    raise ValueError(f"code reward: column '{name}' has {len(values) if hasattr(values, '__len__') else '?'} entries for {n} completions")
+
+
+def _rows(n: int, tests: Any, kwargs: dict) -> list[dict]:
+    cols = {
+        "tests": _column(tests if tests is not None else kwargs.get("test_list"), n, "tests"),
+        "test": _column(kwargs.get("test"), n, "test"),
+        "entry_point": _column(kwargs.get("entry_point"), n, "entry_point"),
+        "test_setup_code": _column(kwargs.get("test_setup_code"), n, "test_setup_code"),
+        "code_prefix": _column(kwargs.get("code_prefix"), n, "code_prefix"),
+    }
+    imports = kwargs.get("test_imports")
+    if imports is None or (isinstance(imports, (list, tuple)) and len(imports) == n and all(
+        isinstance(x, (list, tuple)) or x is None for x in imports
+    )):
+        cols["test_imports"] = list(imports) if imports is not None else [None] * n
+    else:
+        cols["test_imports"] = [imports] * n
+    return [{k: v[i] for k, v in cols.items()} for i in range(n)]
+
+
+def _evaluate_batch(completions: Sequence[Any], rows: list[dict], cfg: SandboxConfig) -> list[float]:
+    jobs = [(c, r, cfg) for c, r in zip(completions, rows)]
+    if not jobs:
+        return []
+    workers = min(cfg.n_workers(), len(jobs))
+    if workers <= 1:
+        return [_score(j) for j in jobs]
+    with ThreadPoolExecutor(max_workers=workers) as ex:
+        return list(ex.map(_score, jobs))
+
+
+def code_reward(completions: Sequence[Any], tests: Any = None, **kwargs: Any) -> list[float]:
+    """TRL reward function: fraction of unit tests passed by the last ```python block.
+
+    Column conventions (TRL passes dataset columns as keyword arguments, one entry per completion):
+
+    * ``tests`` (or MBPP's ``test_list``): a list of assert statements per row, e.g.
+      ``["assert add(1, 2) == 3", ...]`` — each statement is one test; or a string of test code
+      whose top-level ``assert`` statements are the tests;
+    * ``test`` + ``entry_point`` (HumanEval): ``test`` defines ``check(candidate)``; one test;
+    * optional ``test_setup_code`` (str) / ``test_imports`` (list[str]): trusted code run before
+      the tests, in the judge (never in the sandbox);
+    * optional ``code_prefix`` (str): prepended to the extracted program (e.g. a HumanEval prompt
+      for completion-style models); in HumanEval mode it also serves as trusted test setup.
+
+    A completion without a python block scores 0.0. ``prompts``, ``completion_ids`` etc. are
+    ignored. Limits: :class:`SandboxConfig` defaults; use :func:`make_code_reward` to change them.
+    """
+    cfg = kwargs.pop("sandbox_config", None) or SandboxConfig()
+    n = len(completions)
+    rows = _rows(n, tests, kwargs)
+    return _evaluate_batch(list(completions), rows, cfg)
+
+
+def make_code_reward(config: SandboxConfig | None = None, name: str = "code_reward", **overrides: Any) -> Callable[..., list[float]]:
+    """Factory: a TRL reward function with custom sandbox limits, e.g.
+    ``make_code_reward(timeout=2.0, memory_mb=512, workers=4)``."""
+    cfg = config or SandboxConfig()
+    if overrides:
+        cfg = SandboxConfig(**{**cfg.__dict__, **overrides})
+
+    def reward(completions: Sequence[Any], tests: Any = None, **kwargs: Any) -> list[float]:
+        kwargs.pop("sandbox_config", None)
+        return code_reward(completions, tests, sandbox_config=cfg, **kwargs)
+
+    reward.__name__ = name
+    reward.__qualname__ = name
+    return reward

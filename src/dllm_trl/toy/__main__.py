@@ -1,0 +1,3 @@
+from .evaluate import main
+
+main()

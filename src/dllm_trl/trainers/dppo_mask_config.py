@@ -1,0 +1,161 @@
+"""Configuration of :class:`~dllm_trl.trainers.DPPOMaskTrainer` (SPEC §3, "Predictive Divergence Masks")."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .rldf_config import RLDFConfig
+
+MODEL_KINDS = ("auto", "diffusion", "causal")
+DIVERGENCES = ("kl", "tv")
+MASK_DIRECTIONS = ("predictive", "ratio")
+TAIL_ESTIMATORS = ("uniform", "aggregated")
+BEHAVIOUR_SOURCES = ("rollout", "old")
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+
+
+@dataclass
+class DPPOMaskConfig(RLDFConfig):
+    r"""
+    Configuration class for [`DPPOMaskTrainer`]: the divergence trust-region mask of SPEC §3 on top of
+    [`RLDFConfig`] (itself a [`~trl.GRPOConfig`]).
+
+    The loss is the masked, truncated-importance-weighted policy gradient
+    `−Σ M · min(π_θ(a)/μ(a), C) · A · log π_θ(a)` (+ `beta` · k3-KL to the reference): a token is dropped (`M = 0`)
+    when its divergence `D(μ‖π_θ)` exceeds the threshold AND the update would push it further out. There is no
+    PPO clipping, so `epsilon` / `epsilon_high` are not used.
+
+    The model kind decides how the behaviour distribution `μ` is obtained:
+
+    * causal LMs (the paper's setting): `μ` is the distribution each token was actually sampled from (after
+      temperature / top-k / top-p), its top-`divergence_top_k` captured during TRL's own generation. The loss is
+      aggregated with TRL's `loss_type` (`grpo`, `bnpo`, `dr_grpo`, `dapo`). The RLDF fields are not used.
+    * masked diffusion LMs: RLDF rollouts, sampled states and clean targets (see [`RLDFConfig`]); `μ` comes from
+      the rollout record for tokens committed at the sampled step and from `π_old(· | q, o_t)` elsewhere
+      (`behaviour_source`), aggregated with `loss_normalization` like RLDF.
+
+    Parameters:
+        model_kind (`str`, *optional*, defaults to `"auto"`):
+            `"auto"` detects the kind from the model (a diffusion LM carries `config.mask_token_id` and the
+            diffusion properties set by `dllm_trl.models.set_diffusion_properties`), `"diffusion"` or `"causal"`
+            force it.
+        divergence (`str`, *optional*, defaults to `"kl"`):
+            Divergence of the proximity test: `"kl"` (top-K KL(μ‖π), paper Eq. 5) or `"tv"` (top-K total variation).
+        divergence_top_k (`int`, *optional*, defaults to `20`):
+            `K`: size of the behaviour top-K kept per token (`S = topK(μ) ∪ {a}` plus a tail bucket). `0` uses the
+            binary view `S = {a}` (DPPO's binary KL / TV). Named so as not to clash with the sampling `top_k`.
+        divergence_threshold (`float`, *optional*, defaults to `0.15`):
+            `δ`: tokens with `D > δ` are outside the trust region (paper main value 0.15; DPPO's public configs use
+            0.05 for KL, 0.15 for TV).
+        divergence_threshold_low (`float` or `None`, *optional*, defaults to `None`):
+            `δ` for tokens with advantage ≤ 0 (defaults to `divergence_threshold`).
+        divergence_threshold_high (`float` or `None`, *optional*, defaults to `None`):
+            `δ` for tokens with advantage > 0 (defaults to `divergence_threshold`).
+        mask_direction (`str`, *optional*, defaults to `"predictive"`):
+            Direction test of a token outside the trust region: `"predictive"` drops it when `A · g > 0`, `g` the
+            first-order change of `D` along the token's own gradient (the paper's mask); `"ratio"` drops it when
+            `A · (r − 1) > 0` (DPPO, the paper's baseline).
+        tail_estimator (`str`, *optional*, defaults to `"uniform"`):
+            How `g` models the unseen tail: `"uniform"` spreads it over the `V − |S|` unseen tokens (paper Eq. 11),
+            `"aggregated"` treats it as one token (Eq. 10). The paper finds both train alike; the uniform one is the
+            closer estimate of the full-vocabulary `g` (SPEC §3.2), hence the default.
+        is_cap (`float` or `None`, *optional*, defaults to `20.0`):
+            `C`: truncation of the importance weight `w = min(π_θ(a)/μ(a), C)` (no gradient through `w`). `None`
+            disables the truncation.
+        behaviour_source (`str`, *optional*, defaults to `"rollout"`):
+            Diffusion LMs only (SPEC §3.3). `"rollout"`: tokens committed at the sampled step take `μ` from the
+            rollout record (the distribution the sampler drew them from, KV-cache approximation included), the
+            other targets from `π_old(· | q, o_t)`. `"old"`: every target takes `μ` from `π_old`.
+        block_length (`int` or `None`, *optional*, defaults to `None`):
+            Diffusion block size (see [`RLDFConfig`]). `None` picks 32 when it divides `max_completion_length`,
+            else a single block (causal LMs do not use it).
+    """
+
+    model_kind: str = field(default="auto", metadata={"help": "'auto' (detect), 'diffusion' or 'causal'."})
+    divergence: str = field(default="kl", metadata={"help": "Divergence of the proximity test: 'kl' or 'tv'."})
+    divergence_top_k: int = field(
+        default=20, metadata={"help": "K: behaviour top-K kept per token (0 = binary view S = {a})."}
+    )
+    divergence_threshold: float = field(
+        default=0.15, metadata={"help": "δ: tokens with D(μ‖π) > δ are outside the trust region."}
+    )
+    divergence_threshold_low: float | None = field(
+        default=None, metadata={"help": "δ for tokens with advantage ≤ 0 (default: divergence_threshold)."}
+    )
+    divergence_threshold_high: float | None = field(
+        default=None, metadata={"help": "δ for tokens with advantage > 0 (default: divergence_threshold)."}
+    )
+    mask_direction: str = field(
+        default="predictive",
+        metadata={"help": "'predictive' (sign of the divergence's first-order change) or 'ratio' (DPPO's A·(r−1))."},
+    )
+    tail_estimator: str = field(
+        default="uniform", metadata={"help": "Tail model of the predictive direction: 'uniform' or 'aggregated'."}
+    )
+    is_cap: float | None = field(
+        default=20.0, metadata={"help": "C: importance weights are truncated at C (None = no truncation)."}
+    )
+    behaviour_source: str = field(
+        default="rollout",
+        metadata={"help": "Diffusion LMs: μ of tokens committed at the sampled step from the 'rollout' or 'old'."},
+    )
+    block_length: int | None = field(
+        default=None,
+        metadata={"help": "Diffusion block size; None = 32 when it divides max_completion_length, else one block."},
+    )
+
+    @property
+    def mask_rule(self) -> str:
+        """The rule name of :func:`~dllm_trl.losses.divergence_masks.trust_region_mask`."""
+        return "predictive" if self.mask_direction == "predictive" else "dppo"
+
+    def __post_init__(self):
+        if self.model_kind not in MODEL_KINDS:
+            raise ValueError(f"model_kind={self.model_kind!r}: expected one of {MODEL_KINDS}.")
+        if self.divergence not in DIVERGENCES:
+            raise ValueError(f"divergence={self.divergence!r}: expected one of {DIVERGENCES}.")
+        if not isinstance(self.divergence_top_k, int) or self.divergence_top_k < 0:
+            raise ValueError(f"divergence_top_k={self.divergence_top_k!r} must be an int ≥ 0 (0 = binary view).")
+        for name in ("divergence_threshold", "divergence_threshold_low", "divergence_threshold_high"):
+            value = getattr(self, name)
+            if value is None and name != "divergence_threshold":
+                continue
+            if value is None or math.isnan(value) or value < 0:
+                raise ValueError(f"{name}={value!r} must be a number ≥ 0.")
+        if self.mask_direction not in MASK_DIRECTIONS:
+            raise ValueError(f"mask_direction={self.mask_direction!r}: expected one of {MASK_DIRECTIONS}.")
+        if self.tail_estimator not in TAIL_ESTIMATORS:
+            raise ValueError(f"tail_estimator={self.tail_estimator!r}: expected one of {TAIL_ESTIMATORS}.")
+        if self.is_cap is not None and (math.isnan(self.is_cap) or self.is_cap <= 0):
+            raise ValueError(f"is_cap={self.is_cap!r} must be > 0 (or None for no truncation).")
+        if self.behaviour_source not in BEHAVIOUR_SOURCES:
+            raise ValueError(f"behaviour_source={self.behaviour_source!r}: expected one of {BEHAVIOUR_SOURCES}.")
+        if self.loss_type not in LOSS_TYPES:
+            raise ValueError(
+                f"loss_type={self.loss_type!r}: the masked policy gradient aggregates with one of {LOSS_TYPES}."
+            )
+        if self.delta is not None:
+            raise ValueError(
+                f"delta={self.delta!r} is GRPO's two-sided ratio clip, which the divergence mask replaces; set "
+                "divergence_threshold (δ) instead and leave delta None."
+            )
+        if self.off_policy_mask_threshold is not None:
+            raise ValueError("off_policy_mask_threshold is TRL's sequence mask; leave it None with the divergence mask.")
+        if self.entropy_coef != 0.0 or self.use_adaptive_entropy:
+            raise ValueError("entropy_coef / use_adaptive_entropy (entropy bonus) are not supported by DPPOMaskTrainer.")
+        if self.use_transformers_continuous_batching or getattr(self, "use_transformers_paged", False):
+            raise ValueError(
+                "use_transformers_continuous_batching: the behaviour top-K is captured through generate()'s logits "
+                "processors; set it to False."
+            )
+        if self.block_length is None:
+            length = self.max_completion_length
+            self.block_length = 32 if length and length % 32 == 0 else length
+        super().__post_init__()
+
+    def diffusion_generation_config(self, seed: int | None = None):
+        """RLDF's sampler settings, recording the behaviour top-K of every committed token (at least 1)."""
+        config = super().diffusion_generation_config(seed)
+        config.record_topk = max(self.divergence_top_k, 1)
+        return config

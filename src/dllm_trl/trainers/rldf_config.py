@@ -1,0 +1,133 @@
+"""Configuration of :class:`~dllm_trl.RLDFTrainer` (paper 1, App. C defaults)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from trl import GRPOConfig
+
+from ..generation.config import CACHE_MODES, SAMPLING_STYLES, UNMASKING_MODES, DiffusionGenerationConfig
+
+
+@dataclass
+class RLDFConfig(GRPOConfig):
+    r"""
+    Configuration class for [`RLDFTrainer`]: everything of [`~trl.GRPOConfig`] plus what RLDF needs.
+
+    TRL's names keep their meaning: `max_completion_length` is the diffusion generation length,
+    `num_generations` the group size, `temperature` / `top_p` / `top_k` the rollout sampling settings,
+    `beta` the k3-KL weight, `epsilon` / `epsilon_high` the PPO clip range (used when `num_iterations > 1`,
+    REINFORCE otherwise). Defaults follow paper 1 App. C where the paper fixes a value.
+
+    Parameters:
+        block_length (`int`, *optional*, defaults to `32`):
+            Block size of block-wise diffusion decoding; `max_completion_length` must be a multiple of it.
+        unmasking (`str`, *optional*, defaults to `"dynamic"`):
+            `"dynamic"` (commit every position above `unmasking_threshold`) or `"static"` (`diffusion_steps`
+            steps in total).
+        unmasking_threshold (`float`, *optional*, defaults to `0.9`):
+            Confidence threshold of dynamic unmasking.
+        diffusion_steps (`int` or `None`, *optional*, defaults to `None`):
+            Total steps of static unmasking (`None` = one token per step).
+        cache_mode (`str`, *optional*, defaults to `"dual"`):
+            KV cache of the rollout: `"none"`, `"prefix"` or `"dual"`.
+        sampling_style (`str` or `None`, *optional*, defaults to `None`):
+            `"gumbel"` or `"categorical"`; `None` uses the model's default (LLaDA: Gumbel, Dream: categorical).
+        num_sampled_timesteps (`int`, *optional*, defaults to `16`):
+            `k`, denoising steps sampled per completion for the loss (Eq. 6, Alg. 2).
+        timestep_temperature (`float`, *optional*, defaults to `1.0`):
+            `τ` of the weighted timestep sampling; 0 = top-k by uncertainty, `inf` = uniform.
+        clean_target_threshold (`float`, *optional*, defaults to `0.2`):
+            `c`: still-masked tokens join the target set when the (detached) policy predicts them with
+            probability ≥ c (Alg. 3). The reference code ships 0.6.
+        loss_normalization (`str`, *optional*, defaults to `"token"`):
+            `"token"`: every target token of the micro-batch weighs the same (paper §6.3, more stable).
+            `"sample"`: mean over target tokens, then over sampled steps, then over completions (Eq. 10).
+        drop_zero_variance_groups (`bool`, *optional*, defaults to `True`):
+            Skip the loss of groups whose rewards are all equal (paper App. C.3). Batch shapes are kept: the
+            rows stay but contribute no forward pass and no loss.
+    """
+
+    block_length: int = field(default=32, metadata={"help": "Block size of block-wise diffusion decoding."})
+    unmasking: str = field(default="dynamic", metadata={"help": "'dynamic' (threshold) or 'static' unmasking."})
+    unmasking_threshold: float = field(default=0.9, metadata={"help": "Confidence threshold of dynamic unmasking."})
+    diffusion_steps: int | None = field(
+        default=None, metadata={"help": "Total steps of static unmasking (None = one token per step)."}
+    )
+    cache_mode: str = field(default="dual", metadata={"help": "Rollout KV cache: 'none', 'prefix' or 'dual'."})
+    sampling_style: str | None = field(
+        default=None, metadata={"help": "'gumbel', 'categorical' or None (the model's default)."}
+    )
+    num_sampled_timesteps: int = field(default=16, metadata={"help": "k: denoising steps sampled per completion."})
+    timestep_temperature: float = field(
+        default=1.0, metadata={"help": "τ of weighted timestep sampling (0 = top-k, inf = uniform)."}
+    )
+    clean_target_threshold: float = field(
+        default=0.2, metadata={"help": "c: probability above which still-masked tokens become targets."}
+    )
+    loss_normalization: str = field(default="token", metadata={"help": "'token' or 'sample' normalisation."})
+    drop_zero_variance_groups: bool = field(
+        default=True, metadata={"help": "Skip the loss of groups whose rewards are all equal (App. C.3)."}
+    )
+    # Paper 1 App. C values for fields GRPOConfig already has.
+    num_generations: int | None = field(default=4, metadata={"help": "Completions per prompt (paper: 4)."})
+    max_completion_length: int | None = field(default=256, metadata={"help": "Diffusion generation length."})
+    beta: float = field(default=0.01, metadata={"help": "k3-KL weight (paper: 0.01 LLaDA, 0.04 Dream)."})
+    learning_rate: float = field(default=1e-6, metadata={"help": "Learning rate (paper: 1e-6)."})
+    ddp_broadcast_buffers: bool | None = field(
+        default=False,
+        metadata={"help": "Off: processes run different numbers of forwards per step (one per sampled step)."},
+    )
+
+    def __post_init__(self):
+        if self.max_completion_length is None or self.max_completion_length <= 0:
+            raise ValueError("max_completion_length must be a positive int: it is the diffusion generation length.")
+        if self.block_length <= 0 or self.max_completion_length % self.block_length != 0:
+            raise ValueError(
+                f"max_completion_length={self.max_completion_length} must be a multiple of "
+                f"block_length={self.block_length}."
+            )
+        if self.unmasking not in UNMASKING_MODES:
+            raise ValueError(f"unmasking={self.unmasking!r}: expected one of {UNMASKING_MODES}.")
+        if self.cache_mode not in CACHE_MODES:
+            raise ValueError(f"cache_mode={self.cache_mode!r}: expected one of {CACHE_MODES}.")
+        if self.sampling_style is not None and self.sampling_style not in SAMPLING_STYLES:
+            raise ValueError(f"sampling_style={self.sampling_style!r}: expected one of {SAMPLING_STYLES} or None.")
+        if self.num_sampled_timesteps < 1:
+            raise ValueError(f"num_sampled_timesteps={self.num_sampled_timesteps} must be ≥ 1.")
+        if math.isnan(self.timestep_temperature) or self.timestep_temperature < 0:
+            raise ValueError(f"timestep_temperature={self.timestep_temperature} must be ≥ 0 (inf = uniform).")
+        if not 0.0 <= self.clean_target_threshold <= 1.0:
+            raise ValueError(f"clean_target_threshold={self.clean_target_threshold} must lie in [0, 1].")
+        if self.loss_normalization not in ("token", "sample"):
+            raise ValueError(f"loss_normalization={self.loss_normalization!r}: expected 'token' or 'sample'.")
+        if self.beta < 0:
+            raise ValueError(f"beta={self.beta} must be ≥ 0.")
+        if self.use_vllm:
+            raise ValueError("use_vllm=True: diffusion rollouts run in the trainer; set use_vllm=False.")
+        if self.sync_ref_model:
+            raise ValueError("sync_ref_model=True is not supported by the diffusion trainers yet; set it to False.")
+        if self.importance_sampling_level != "token":
+            raise ValueError("importance_sampling_level must be 'token' for RLDF (per-token ratios at each state).")
+        if self.top_entropy_quantile != 1.0:
+            raise ValueError("top_entropy_quantile is not supported by RLDF; leave it at 1.0.")
+        super().__post_init__()
+        # Validate the sampler settings now rather than at the first rollout.
+        self.diffusion_generation_config()
+
+    def diffusion_generation_config(self, seed: int | None = None) -> DiffusionGenerationConfig:
+        """The sampler settings these arguments describe."""
+        return DiffusionGenerationConfig(
+            gen_length=self.max_completion_length,
+            block_length=self.block_length,
+            unmasking=self.unmasking,
+            threshold=self.unmasking_threshold,
+            steps=self.diffusion_steps,
+            temperature=self.temperature,
+            top_p=self.top_p if self.top_p < 1.0 else None,
+            top_k=self.top_k if self.top_k else None,
+            sampling=self.sampling_style,
+            cache=self.cache_mode,
+            seed=seed,
+        )

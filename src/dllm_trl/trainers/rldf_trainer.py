@@ -1,0 +1,355 @@
+"""RLDFTrainer: TRL's GRPOTrainer with diffusion rollouts and the RLDF loss (paper 1, SPEC §2).
+
+What changes against ``GRPOTrainer`` (everything else — datasets, rewards, advantages, batching,
+logging, PEFT, distributed — is TRL's own):
+
+* ``_generate_single_turn``: block-wise diffusion decoding that records the trajectory; the loss's timesteps
+  are sampled right after the rollout (Alg. 2).
+* ``_get_per_token_logps_and_entropies``: log-probs at the sampled noisy states ``o_t`` (B, k, G), so TRL's
+  own reference / old-policy passes (reference model, or PEFT adapter disabled) score the right states.
+* ``_generate_and_score_completions``: attaches the trajectory tensors to the batch, so TRL's splitting and
+  shuffling keep each row aligned with its trajectory.
+* ``_compute_loss``: the RLDF loss (Alg. 3, Eq. 7–10), one sampled step at a time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import time
+
+import torch
+from transformers import PreTrainedModel
+from trl import GRPOTrainer
+from trl.models import prepare_deepspeed, prepare_fsdp, unwrap_model_for_generation
+from trl.trainer.utils import disable_dropout_in_model, pad
+
+from ..generation.sampler import diffusion_generate
+from ..losses.rldf import (
+    INVALID_STEP,
+    clean_target_mask,
+    k3_kl,
+    noisy_state,
+    policy_token_terms,
+    sample_timesteps,
+    step_uncertainty,
+)
+from ..models.bidirectional import diffusion_config, make_bidirectional
+from ..models.loading import load_diffusion_model
+from ..models.scoring import completion_token_logps
+from .rldf_config import RLDFConfig
+
+TRAJECTORY_KEYS = ("rollout_prompt_ids", "rollout_prompt_mask", "rollout_ids", "commit_step", "valid_mask", "sampled_steps")
+
+
+class RLDFTrainer(GRPOTrainer):
+    """GRPO-style trainer for masked diffusion LMs with the RLDF policy loss.
+
+    Args mirror [`~trl.GRPOTrainer`]; ``model`` is a diffusion LM object (see
+    [`~dllm_trl.load_diffusion_model`]) or a name/path loaded through it with ``args.model_init_kwargs``.
+    """
+
+    _tag_names = ["trl", "rldf", "diffusion"]
+    config_class = RLDFConfig
+
+    def __init__(self, model, reward_funcs=None, args: RLDFConfig | None = None, **kwargs):
+        if args is None:
+            args = RLDFConfig("rldf-output")
+        if not isinstance(args, RLDFConfig):
+            raise TypeError(f"args must be an RLDFConfig, got {type(args).__name__}.")
+        for unsupported in ("tools", "rollout_func", "environment_factory"):
+            if kwargs.get(unsupported) is not None:
+                raise ValueError(f"{unsupported}= is not supported by diffusion trainers.")
+        if isinstance(model, str):
+            model = load_diffusion_model(model, **dict(args.model_init_kwargs or {}))
+        make_bidirectional(model)
+        # TRL rebuilds the reference with AutoModelForCausalLM from the policy's path, which cannot read
+        # LLaDA/Dream checkpoints; we build it ourselves from the policy before PEFT wraps it.
+        beta = args.beta
+        reference = None
+        if beta != 0.0 and kwargs.get("peft_config") is None and not hasattr(model, "peft_config"):
+            reference = copy.deepcopy(model)
+        args.beta = 0.0
+        try:
+            super().__init__(model=model, reward_funcs=reward_funcs, args=args, **kwargs)
+        finally:
+            args.beta = beta
+        self.beta = beta
+        if reference is not None:
+            self.ref_model = self._prepare_reference(reference)
+
+        self.diffusion_generation_config = args.diffusion_generation_config()
+        device = self.accelerator.device
+        self._rollout_generator = torch.Generator(device=device)
+        self._rollout_generator.manual_seed(args.seed + 1000003 * self.accelerator.process_index)
+        self._rollout = None
+
+    def _prepare_reference(self, reference: PreTrainedModel) -> PreTrainedModel:
+        reference.requires_grad_(False)
+        reference.eval()
+        if self.args.disable_dropout:
+            disable_dropout_in_model(reference)
+        if self.is_deepspeed_enabled:
+            return prepare_deepspeed(reference, self.accelerator)
+        if self.is_fsdp_enabled:
+            return prepare_fsdp(reference, self.accelerator)
+        return self.accelerator.prepare_model(reference, evaluation_mode=True)
+
+    # ------------------------------------------------------------------------------------------------ rollout
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        if images is not None or multimodal_fields:
+            raise ValueError("Diffusion trainers take text prompts only.")
+        device = self.accelerator.device
+        pad_id = self._tokenizer.pad_token_id
+        prompts = [torch.tensor(ids) for ids in prompt_ids]
+        prompt_tensor = pad(prompts, padding_value=pad_id, padding_side="left").to(device)
+        prompt_mask = pad([torch.ones_like(p) for p in prompts], padding_value=0, padding_side="left").to(device)
+
+        start = time.perf_counter()
+        with (
+            unwrap_model_for_generation(
+                self.model_wrapped,
+                self.accelerator,
+                gather_deepspeed3_params=self.args.ds3_gather_for_generation,
+                gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs,
+            ) as unwrapped,
+            torch.no_grad(),
+        ):
+            was_training = unwrapped.training
+            unwrapped.eval()
+            output = diffusion_generate(
+                unwrapped, prompt_tensor, prompt_mask, self.diffusion_generation_config, self._rollout_generator
+            )
+            unwrapped.train(was_training)
+        rollout_seconds = time.perf_counter() - start
+
+        num_steps = int(output.num_steps.max().item()) if output.num_steps.numel() else 0
+        uncertainty, has_tokens = step_uncertainty(
+            output.commit_step, output.commit_prob, output.completion_mask, max(num_steps, 1)
+        )
+        sampled = sample_timesteps(
+            uncertainty, has_tokens, self.args.num_sampled_timesteps, self.args.timestep_temperature,
+            self._rollout_generator,
+        )
+        picked = sampled.clamp_min(0)
+        sampled_weight = uncertainty.gather(1, picked)[sampled != INVALID_STEP]
+        self._rollout = {
+            "rollout_prompt_ids": prompt_tensor,
+            "rollout_prompt_mask": prompt_mask,
+            "rollout_ids": output.completion_ids,
+            "commit_step": output.commit_step,
+            "valid_mask": output.completion_mask,
+            "sampled_steps": sampled,
+        }
+        if output.topk_ids is not None:
+            # Only when the sampler records the behaviour distribution (record_topk > 0, e.g. DPPOMaskTrainer): the
+            # top-K the committed tokens were drawn from and their probabilities travel with the batch too.
+            self._rollout.update(
+                rollout_topk_ids=output.topk_ids, rollout_topk_logps=output.topk_logps, rollout_commit_prob=output.commit_prob
+            )
+        mode = "train" if self.model.training else "eval"
+        gathered_nfe = self.accelerator.gather(torch.tensor([float(output.nfe)], device=device)).mean()
+        self._metrics[mode]["rldf/nfe_per_completion"].append(gathered_nfe.item())
+        self._metrics[mode]["rldf/rollout_time"].append(rollout_seconds)
+        self._metrics[mode]["rldf/steps_per_completion"].append(
+            self.accelerator.gather(output.num_steps.float()).mean().item()
+        )
+        weight_stats = torch.stack([sampled_weight.sum(), torch.tensor(float(sampled_weight.numel()), device=device)])
+        weight_stats = self.accelerator.reduce(weight_stats, reduction="sum")
+        self._metrics[mode]["rldf/sampled_step_uncertainty"].append((weight_stats[0] / weight_stats[1].clamp_min(1)).item())
+
+        completion_ids = [
+            ids[mask.bool()].tolist() for ids, mask in zip(output.completion_ids.cpu(), output.completion_mask.cpu())
+        ]
+        return completion_ids, None
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, **kwargs):
+        """Log-probs of the rollout tokens at the sampled states of the current rollout, (B, k, G).
+
+        TRL calls this for the reference and old-policy passes; the states come from the rollout just made,
+        not from ``input_ids`` (which hold the completion only up to its first EOS).
+        """
+        if self._rollout is None:
+            raise RuntimeError("No rollout to score: _generate_single_turn must run first.")
+        with torch.no_grad():
+            logps = self._logps_at_sampled_states(model, self._rollout, batch_size=batch_size)
+        return logps, None, None
+
+    def _logps_at_sampled_states(self, model, batch, step_index=None, batch_size=None):
+        """(B, k, G) log-probs of ``rollout_ids`` at each sampled ``o_t`` (zeros where the step is padding)."""
+        sampled = batch["sampled_steps"]
+        rows, k = sampled.shape
+        gen = batch["rollout_ids"].shape[1]
+        out = torch.zeros(rows, k, gen, device=sampled.device)
+        mask_id = diffusion_config(model).mask_token_id
+        chunk = batch_size or rows
+        for j in range(k) if step_index is None else [step_index]:
+            active = (sampled[:, j] != INVALID_STEP).nonzero().squeeze(1)
+            for part in active.split(chunk) if active.numel() else ():
+                state = noisy_state(batch["rollout_ids"][part], batch["commit_step"][part], sampled[part, j], mask_id)
+                out[part, j] = completion_token_logps(
+                    model, batch["rollout_prompt_ids"][part], batch["rollout_prompt_mask"][part], state,
+                    batch["rollout_ids"][part],
+                )
+        return out
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        rollout, self._rollout = self._rollout, None
+        output.update(rollout)
+        if self.args.drop_zero_variance_groups and self.model.training:
+            advantages = self.accelerator.gather(output["advantages"])
+            group_zero = (advantages.view(-1, self.num_generations) == 0).all(1)
+            local = group_zero.repeat_interleave(self.num_generations)
+            start = self.accelerator.process_index * output["advantages"].shape[0]
+            drop = local[start : start + output["advantages"].shape[0]]
+            output["sampled_steps"] = output["sampled_steps"].masked_fill(drop.unsqueeze(1), INVALID_STEP)
+
+        # Clean targets (Alg. 3) read π_old, the policy that produced the batch; fixing them now makes the
+        # batch's target count known before the loss, so each sampled step can be backpropagated on its own.
+        old_logps = output.get("old_per_token_logps")
+        if old_logps is None:
+            with torch.no_grad():
+                old_logps = self._logps_at_sampled_states(self.model, output, batch_size=self.args.per_device_train_batch_size)
+        output["target_mask"] = self._target_mask(output, old_logps)
+        output["num_target_tokens"] = self.accelerator.gather(output["target_mask"].sum()).sum()
+        return output
+
+    def _target_mask(self, batch, old_logps):
+        """Ô_t (B, k, G) for every sampled step; empty for padding steps."""
+        sampled = batch["sampled_steps"]
+        masks = [
+            clean_target_mask(
+                batch["commit_step"], batch["valid_mask"], sampled[:, j], old_logps[:, j].exp(),
+                self.args.clean_target_threshold,
+            )
+            & (sampled[:, j : j + 1] != INVALID_STEP)
+            for j in range(sampled.shape[1])
+        ]
+        return torch.stack(masks, dim=1)
+
+    # --------------------------------------------------------------------------------------------------- loss
+    def _compute_loss(self, model, inputs):
+        """RLDF loss (Eq. 7–10): one forward and, in training, one backward per sampled step.
+
+        The returned tensor carries the whole micro-batch loss as its value but only the last step's graph:
+        earlier steps were already backpropagated here (activations of one step alive at a time, SPEC §2.3),
+        and the trainer backpropagates the rest.
+        """
+        mode = "train" if self.model.training else "eval"
+        start = time.perf_counter()
+        sampled, targets = inputs["sampled_steps"], inputs["target_mask"]
+        normalizer = self._loss_normalizer(inputs, mode)
+        kl = torch.zeros(targets.shape, device=targets.device)
+        ratio_all = torch.ones_like(kl)
+        step_valid = sampled != INVALID_STEP
+        active_steps = step_valid.any(0).nonzero().squeeze(1).tolist()
+        backward_each_step = mode == "train" and torch.is_grad_enabled() and len(active_steps) > 1
+        total = torch.zeros((), device=targets.device)
+        last = None
+        for n, j in enumerate(active_steps):
+            early = backward_each_step and n < len(active_steps) - 1
+            # DDP decides at forward time whether the backward synchronises: only the last step may.
+            with self.accelerator.no_sync(model) if early else contextlib.nullcontext():
+                step_loss = self._step_loss(model, inputs, j, normalizer, kl, ratio_all)
+                if early:
+                    self._backward_step(step_loss)
+                else:
+                    last = step_loss
+            total = total + step_loss.detach()
+        if last is None:  # nothing to learn from: a zero that still flows through the model (DDP needs a graph)
+            last = self._zero_loss(model, inputs)
+        loss = last + (total - last.detach())
+        self._log_rldf_metrics(mode, targets, step_valid, inputs["valid_mask"].bool(), kl, ratio_all,
+                               inputs["advantages"], "old_per_token_logps" in inputs)
+        self._metrics[mode]["rldf/loss_time"].append(time.perf_counter() - start)
+        return loss
+
+    def _step_loss(self, model, inputs, j, normalizer, kl, ratio_all):
+        """Weighted sum of the per-token terms of sampled step ``j`` over the rows that have one."""
+        sampled = inputs["sampled_steps"]
+        active = (sampled[:, j] != INVALID_STEP).nonzero().squeeze(1)
+        rollout_ids = inputs["rollout_ids"][active]
+        state = noisy_state(rollout_ids, inputs["commit_step"][active], sampled[active, j], diffusion_config(model).mask_token_id)
+        logps = completion_token_logps(
+            model, inputs["rollout_prompt_ids"][active], inputs["rollout_prompt_mask"][active], state, rollout_ids
+        )
+        old_all, ref_all = inputs.get("old_per_token_logps"), inputs.get("ref_per_token_logps")
+        old = None if old_all is None else old_all[active, j]
+        terms, ratio = policy_token_terms(logps, inputs["advantages"][active], old, self.epsilon_low, self.epsilon_high)
+        if self.beta != 0.0:
+            step_kl = k3_kl(logps, ref_all[active, j])
+            terms = terms + self.beta * step_kl
+            kl[active, j] = step_kl.detach()
+        if ratio is not None:
+            ratio_all[active, j] = ratio.detach()
+        weights = normalizer[active, j].unsqueeze(-1)
+        return (terms * inputs["target_mask"][active, j] * weights).sum()
+
+    def _loss_normalizer(self, inputs, mode) -> torch.Tensor:
+        """Per-(row, step) weight of a target token's term, so that summing gives Eq. 10 / Eq. 13.
+
+        ``token``: every target token of the generation batch weighs the same (TRL's ``dapo`` convention:
+        global count, split over processes and accumulation steps). ``sample``: ``1/(|Ô_t| |S_b|)`` per
+        token, averaged over the micro-batch's completions and accumulation steps (TRL's ``grpo``).
+        """
+        targets, sampled = inputs["target_mask"], inputs["sampled_steps"]
+        accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1
+        if self.args.loss_normalization == "token":
+            count = inputs["num_target_tokens"].clamp(min=1.0) / self.accelerator.num_processes
+            if mode == "train":
+                count = count * accumulation / self.args.steps_per_generation
+            return torch.ones(sampled.shape, device=sampled.device) / count
+        per_step = targets.sum(-1).clamp(min=1)
+        steps = (sampled != INVALID_STEP).sum(-1, keepdim=True).clamp(min=1)
+        return 1.0 / (per_step * steps * sampled.shape[0] * accumulation)
+
+    def _backward_step(self, loss):
+        """Backpropagate one sampled step's loss now (the caller holds DDP/FSDP's ``no_sync``)."""
+        if self.is_deepspeed_enabled:
+            self.accelerator.deepspeed_engine_wrapped.backward(loss, sync_gradients=False, scale_wrt_gas=False)
+        else:
+            self.accelerator.backward(loss)
+
+    def _zero_loss(self, model, inputs):
+        state = inputs["rollout_ids"][:1]
+        logps = completion_token_logps(
+            model, inputs["rollout_prompt_ids"][:1], inputs["rollout_prompt_mask"][:1], state, state
+        )
+        return logps.sum() * 0.0
+
+    def _log_rldf_metrics(self, mode, targets, step_valid, valid, kl, ratio, advantages, ppo):
+        reduce = lambda x: self.accelerator.reduce(x, reduction="sum")  # noqa: E731
+        steps = step_valid.sum().float()
+        target_count = targets.sum().float()
+        lengths = valid.sum(-1, keepdim=True).float().clamp_min(1).expand_as(step_valid)
+        utility = (targets.sum(-1).float() / lengths * step_valid).sum()
+        stats = reduce(torch.stack([target_count, steps, utility, (kl * targets).sum()]))
+        self._metrics[mode]["rldf/target_tokens_per_step"].append((stats[0] / stats[1].clamp_min(1)).item())
+        self._metrics[mode]["rldf/token_utility"].append((stats[2] / stats[1].clamp_min(1)).item())
+        self._metrics[mode]["rldf/sampled_steps"].append((stats[1] / max(step_valid.shape[0], 1)).item())
+        if self.beta != 0.0:
+            self._metrics[mode]["kl"].append((stats[3] / stats[0].clamp_min(1)).item())
+        if ppo:
+            adv = advantages.view(-1, 1, 1)
+            low = ((ratio < 1 - self.epsilon_low) & (adv < 0) & targets).sum().float()
+            high = ((ratio > 1 + self.epsilon_high) & (adv > 0) & targets).sum().float()
+            clip = reduce(torch.stack([low, high]))
+            self._metrics[mode]["clip_ratio/low_mean"].append((clip[0] / stats[0].clamp_min(1)).item())
+            self._metrics[mode]["clip_ratio/high_mean"].append((clip[1] / stats[0].clamp_min(1)).item())
+            self._metrics[mode]["clip_ratio/region_mean"].append((clip.sum() / stats[0].clamp_min(1)).item())
+
+    # ------------------------------------------------------------------------------------------ checkpoints
+    def _save_rng_state(self, output_dir):
+        super()._save_rng_state(output_dir)
+        path = os.path.join(output_dir, f"rldf_generator_{self.accelerator.process_index}.pt")
+        torch.save(self._rollout_generator.get_state(), path)
+
+    def _load_rng_state(self, checkpoint):
+        super()._load_rng_state(checkpoint)
+        if checkpoint is None:
+            return
+        path = os.path.join(checkpoint, f"rldf_generator_{self.accelerator.process_index}.pt")
+        if os.path.isfile(path):
+            self._rollout_generator.set_state(torch.load(path, weights_only=True))

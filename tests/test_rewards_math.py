@@ -1,0 +1,281 @@
+"""Math reward: extraction, normalisation, equivalence (string → math_verify → sympy), time bound."""
+
+import threading
+import time
+
+import pytest
+
+from dllm_trl.rewards import extract_boxed_answer, math_answers_equal, math_reward
+from dllm_trl.rewards.math import extract_gold_answer, make_math_reward, normalize_math_answer
+
+pytestmark = pytest.mark.timeout(120)
+
+# ----------------------------------------------------------------------------- equivalence table
+EQUAL = [
+    # fractions
+    (r"\frac{1}{2}", r"\frac{1}{2}"),
+    (r"\dfrac{1}{2}", r"\frac{1}{2}"),
+    (r"\tfrac12", r"\frac{1}{2}"),
+    (r"\frac{2}{4}", r"\frac12"),
+    (r"1/2", r"\frac{1}{2}"),
+    (r"-\frac{1}{3}", r"\frac{-1}{3}"),
+    (r"\frac{3}{2}", r"1.5"),
+    # decimals
+    (r"0.5", r"\frac{1}{2}"),
+    (r"0.50", r"0.5"),
+    (r".5", r"0.5"),
+    (r"5.0", r"5"),
+    (r"12.", r"12"),
+    (r"-0.25", r"-\frac14"),
+    (r"\displaystyle \frac{1}{4}", r"0.25"),
+    (r"10^{3}", r"1000"),
+    # roots
+    (r"\sqrt{2}", r"\sqrt2"),
+    (r"\frac{\sqrt{2}}{2}", r"\frac{1}{\sqrt{2}}"),
+    (r"2\sqrt{3}", r"\sqrt{12}"),
+    (r"\sqrt{8}", r"2\sqrt{2}"),
+    (r"-\sqrt{3}", r"-1.7320508075688772"),
+    # pi
+    (r"\pi", r"\pi"),
+    (r"\frac{\pi}{2}", r"\pi/2"),
+    (r"2\pi", r"\pi \cdot 2"),
+    # intervals
+    (r"[0, \infty)", r"[0,\infty)"),
+    (r"(-\infty, 3]", r"(-\infty,3]"),
+    (r"\left[ 1, 5 \right]", r"[1,5]"),
+    (r"x \in [2, 3)", r"[2,3)"),
+    # tuples and sets
+    (r"(1, 2)", r"(1,2)"),
+    (r"(3, -1)", r"\left(3,-1\right)"),
+    (r"\{1, 2, 3\}", r"\{3, 2, 1\}"),
+    (r"\left\{ 1,2 \right\}", r"\{2,1\}"),
+    # units and \text{}
+    (r"10\text{ cm}", r"10"),
+    (r"10 \mbox{ inches}", r"10"),
+    (r"3\;\text{meters}", r"3"),
+    (r"7 \text{ apples}", r"7"),
+    (r"\text{Monday}", r"Monday"),
+    # percentages, degrees, currency
+    (r"50\%", r"50"),
+    (r"25%", r"25"),
+    (r"30^\circ", r"30"),
+    (r"45^{\circ}", r"45"),
+    (r"\$4.50", r"4.5"),
+    (r"\$1,000", r"1000"),
+    # negative numbers
+    (r"-3", r"-3"),
+    (r"-7", r"-7.0"),
+    # thousands separators
+    (r"1,000", r"1000"),
+    (r"1{,}234{,}567", r"1234567"),
+    (r"1\!000", r"1000"),
+    # LaTeX spacing and leading variable
+    (r"\frac{1}{2}\,", r"\frac12"),
+    (r"x = 5", r"5"),
+    (r"y=\frac{3}{4}", r"0.75"),
+    # expressions (math_verify / sympy)
+    (r"x^2+2x+1", r"(x+1)^2"),
+    (r"\frac{x}{2}", r"0.5x"),
+    (r"2x+3", r"3+2x"),
+    # a box inside the gold
+    (r"\boxed{7}", r"7"),
+]
+
+NOT_EQUAL = [
+    (r"1/2", r"2"),
+    (r"(1,2)", r"(2,1)"),
+    (r"12", r"\{1,2\}"),
+    (r"12", r"1,2"),
+    (r"\frac{1}{2}", r"\frac{1}{3}"),
+    (r"\frac{1}{2}", r"12"),
+    (r"-5", r"5"),
+    (r"[0,1]", r"(0,1)"),
+    (r"\sqrt{2}", r"2"),
+    (r"x+1", r"x-1"),
+    (r"1000", r"100"),
+    (r"1,000", r"1"),
+    (r"2\pi", r"\pi"),
+    (r"3.14", r"\pi"),
+    (r"\{1,2\}", r"\{1,2,3\}"),
+    (r"0.33", r"\frac{1}{3}"),
+    (r"50\%", r"5"),
+    (r"x=5", r"x=6"),
+    (r"Monday", r"Tuesday"),
+    (r"", r"5"),
+    (None, r"5"),
+    (r"5", None),
+]
+
+MALFORMED = [
+    r"\frac{1}{",
+    r"\sqrt{{{{",
+    r"}}}{{{",
+    r"\left( 1, 2",
+    r"\frac{a}{b}}}}",
+    r"\begin{pmatrix}1&2",
+    r"^^^___",
+    r"\\\\",
+    r"\frac{}{}",
+    "(" * 40 + ")" * 40,
+]
+
+
+@pytest.mark.parametrize("pred,gold", EQUAL)
+def test_equal(pred, gold):
+    assert math_answers_equal(pred, gold) is True
+    assert math_answers_equal(gold, pred) is True
+
+
+@pytest.mark.parametrize("pred,gold", NOT_EQUAL)
+def test_not_equal(pred, gold):
+    assert math_answers_equal(pred, gold) is False
+
+
+def test_table_size():
+    assert len(EQUAL) + len(NOT_EQUAL) + len(MALFORMED) >= 50
+    assert len(EQUAL) >= 40
+
+
+@pytest.mark.parametrize("bad", MALFORMED)
+def test_malformed_never_raises(bad):
+    assert math_answers_equal(bad, "5", timeout=2) is False
+    assert math_reward([f"answer: \\boxed{{{bad}}}"], ["5"]) == [0.0]
+    assert math_reward([bad], ["5"]) == [0.0]
+
+
+# ----------------------------------------------------------------------------- extraction
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        (r"so \boxed{5}.", "5"),
+        (r"first \boxed{1}, then \boxed{2}", "2"),  # last box wins
+        (r"\boxed{\frac{1}{\sqrt{2}}}", r"\frac{1}{\sqrt{2}}"),  # nested braces
+        (r"\boxed{\{1,2\}}", r"\{1,2\}"),  # escaped braces are not grouping braces
+        (r"$\boxed 5$", "5"),  # no braces
+        (r"\boxed 42", "42"),
+        (r"\fbox{7}", "7"),
+        (r"\boxed{\boxed{3}}", "3"),
+        (r"\boxed{ x = 2 }", "x = 2"),
+        (r"\boxed{1} and finally \boxed{", None),  # truncated last box
+        ("no box here: 5", None),
+        ("", None),
+        (None, None),
+        (r"\boxedfoo{3}", None),
+    ],
+)
+def test_extract_boxed(text, expected):
+    assert extract_boxed_answer(text) == expected
+
+
+@pytest.mark.parametrize(
+    "raw,norm",
+    [
+        (r"$\frac{1}{2}$", r"\frac{1}{2}"),
+        (r"\dfrac{3}{4}", r"\frac{3}{4}"),
+        (r"\left( 1, 2 \right)", "(1,2)"),
+        (r"1,000", "1000"),
+        (r"(1,000)", "(1,000)"),  # not a lone number: untouched
+        (r"1,2", "1,2"),
+        (r"5\text{ cm}^2", "5"),
+        (r"30^{\circ}", "30"),
+        (r"50\%", "50"),
+        (r"x = 3", "3"),
+        (r"0.50", "0.5"),
+        (r"2x", "2x"),
+        (r"5.", "5"),
+        (r"\text{(A)}", "(A)"),
+    ],
+)
+def test_normalize(raw, norm):
+    assert normalize_math_answer(raw) == norm
+    assert normalize_math_answer(norm) == norm  # idempotent on its output
+
+
+def test_gold_answer_formats():
+    assert extract_gold_answer("Natalia sold 48/2 = 24 clips in May.\n#### 72") == "72"
+    assert extract_gold_answer(r"The answer is $\boxed{\frac{1}{2}}$.") == r"\frac{1}{2}"
+    assert extract_gold_answer(" 3 ") == "3"
+    assert extract_gold_answer(5) == "5"
+
+
+# ----------------------------------------------------------------------------- TRL reward function
+def test_math_reward_batch_strings_and_conversational():
+    completions = [
+        r"We get \boxed{\dfrac{1}{2}}.",
+        r"First \boxed{3}, no wait, \boxed{1,200}",
+        [{"role": "assistant", "content": r"The answer is $\boxed{72}$"}],
+        "I think it is 72",  # no box -> 0
+        r"\boxed{73}",
+        [{"role": "assistant", "content": [{"type": "text", "text": r"\boxed{(1,2)}"}]}],
+    ]
+    answers = [r"0.5", "#### 1,200", "#### 72", "72", "72", "(2,1)"]
+    rewards = math_reward(completions=completions, answer=answers, prompts=["p"] * 6, completion_ids=[[1]] * 6)
+    assert rewards == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
+    assert all(type(r) is float for r in rewards)
+
+
+def test_math_reward_factory_other_column():
+    reward = make_math_reward(answer_key="solution")
+    assert reward.__name__ == "math_reward_solution"
+    sol = [r"... so the result is $\boxed{\sqrt{2}}$", r"... $\boxed{4}$"]
+    assert reward(completions=[r"\boxed{\sqrt2}", r"\boxed{5}"], solution=sol, prompts=["a", "b"]) == [1.0, 0.0]
+    with pytest.raises(KeyError):
+        reward(completions=["x"], answer=["1"])
+
+
+def test_math_reward_length_mismatch():
+    with pytest.raises(ValueError):
+        math_reward([r"\boxed{1}", r"\boxed{2}"], ["1"])
+
+
+# ----------------------------------------------------------------------------- backends and time bound
+def test_backends_present_and_sympy_stage_active():
+    from dllm_trl.rewards import _math_worker
+
+    mv, parser, info = _math_worker._backends()
+    assert mv is not None, info
+    assert parser is not None, info  # the sympy stage must not silently be a no-op
+    # the sympy stage alone decides an equivalence
+    assert _math_worker._sym_equal(parser(r"x^2+2x+1"), parser(r"(x+1)^2"))
+    assert not _math_worker._sym_equal(parser(r"(1,2)"), parser(r"(2,1)"))
+    assert _math_worker._sym_equal(parser(r"\{1,2\}"), parser(r"\{2,1\}"))
+
+
+def test_pathological_input_is_time_bounded():
+    t0 = time.monotonic()
+    assert math_answers_equal(r"9^{9^{9^{9}}}", "1", timeout=1.0) is False
+    assert math_answers_equal(r"10^{10^{10^{10}}} + 1", r"10^{10^{10^{10}}}", timeout=1.0) is False
+    elapsed = time.monotonic() - t0
+    assert elapsed < 10, elapsed
+    # the pool is still usable afterwards (a killed worker is replaced)
+    assert math_answers_equal("0.5", r"\frac{1}{2}") is True
+
+
+def test_hard_bound_kills_stuck_worker():
+    """Worker stuck in C code: the caller returns after timeout + grace and the worker is replaced."""
+    from dllm_trl.rewards import math as m
+
+    w = m._Worker(m._worker_source())
+    try:
+        assert w.ensure_ready() is not None
+        # make the worker unresponsive (as if stuck inside a C call) by stopping it
+        import os
+        import signal
+
+        os.kill(w.proc.pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        equal, stage = w.compare("1", "2", timeout=0.5)
+        assert (equal, stage) == (False, "hard-timeout")
+        assert time.monotonic() - t0 < 5
+        assert w.proc is None  # killed
+        assert w.compare("2", r"\frac{4}{2}", timeout=5)[0] is True  # restarted
+    finally:
+        w.kill()
+
+
+def test_works_from_a_worker_thread():
+    out = []
+    t = threading.Thread(target=lambda: out.append(math_answers_equal(r"\frac{\pi}{4}", r"0.25\pi")))
+    t.start()
+    t.join(60)
+    assert out == [True]

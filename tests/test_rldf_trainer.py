@@ -1,0 +1,172 @@
+"""End-to-end checks of RLDFTrainer on tiny random diffusion LMs (CPU)."""
+
+from __future__ import annotations
+
+import inspect
+import math
+
+import pytest
+import torch
+from peft import LoraConfig
+from trl import GRPOTrainer
+
+from dllm_trl.models import build_tiny_dream, build_tiny_llada
+from dllm_trl.trainers import RLDFConfig, RLDFTrainer
+
+from .conftest import addition_dataset, length_reward, make_char_tokenizer
+
+OVERRIDDEN = [
+    "_generate_single_turn",
+    "_get_per_token_logps_and_entropies",
+    "_generate_and_score_completions",
+    "_compute_loss",
+    "_save_rng_state",
+    "_load_rng_state",
+]
+
+
+def test_overridden_methods_exist_in_pinned_trl():
+    own = {name for name, value in vars(RLDFTrainer).items() if inspect.isfunction(value) and name != "__init__"}
+    private_helpers = {"_prepare_reference", "_logps_at_sampled_states", "_log_rldf_metrics", "_target_mask",
+                       "_loss_normalizer", "_backward_step", "_zero_loss", "_step_loss"}
+    assert own - private_helpers == set(OVERRIDDEN)
+    for name in OVERRIDDEN:
+        assert hasattr(GRPOTrainer, name), f"GRPOTrainer.{name} no longer exists: RLDFTrainer overrides a ghost"
+    parent = inspect.signature(GRPOTrainer._generate_single_turn).parameters
+    assert list(parent)[:5] == ["self", "prompt_ids", "images", "multimodal_fields", "num_generations"]
+
+
+def make_args(tmp_path, **overrides):
+    values = dict(
+        output_dir=str(tmp_path / "out"),
+        max_completion_length=8,
+        block_length=4,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_steps=2,
+        logging_steps=1,
+        report_to="none",
+        learning_rate=1e-3,
+        temperature=1.0,
+        num_sampled_timesteps=4,
+        beta=0.01,
+        save_strategy="no",
+        use_cpu=True,
+        drop_zero_variance_groups=False,
+        seed=0,
+    )
+    values.update(overrides)
+    return RLDFConfig(**values)
+
+
+def make_trainer(tmp_path, model=None, peft_config=None, **overrides):
+    tokenizer = make_char_tokenizer()
+    if model is None:
+        model = build_tiny_llada(
+            vocab_size=len(tokenizer), mask_token_id=tokenizer.mask_token_id, eos_token_id=tokenizer.eos_token_id
+        )
+    return RLDFTrainer(
+        model=model,
+        reward_funcs=length_reward,
+        args=make_args(tmp_path, **overrides),
+        train_dataset=addition_dataset(),
+        processing_class=tokenizer,
+        peft_config=peft_config,
+    )
+
+
+def snapshot(module):
+    return {name: p.detach().clone() for name, p in module.named_parameters() if p.requires_grad}
+
+
+def changed(before, module):
+    after = dict(module.named_parameters())
+    return [name for name, value in before.items() if not torch.equal(value, after[name].detach())]
+
+
+@pytest.mark.parametrize("builder", [build_tiny_llada, build_tiny_dream])
+def test_train_updates_parameters_and_logs(tmp_path, builder):
+    tokenizer = make_char_tokenizer()
+    model = builder(vocab_size=len(tokenizer), mask_token_id=tokenizer.mask_token_id, eos_token_id=tokenizer.eos_token_id)
+    trainer = make_trainer(tmp_path, model=model)
+    before = snapshot(trainer.model)
+    trainer.train()
+    assert changed(before, trainer.model)
+    logs = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert len(logs) == 2
+    for entry in logs:
+        assert math.isfinite(entry["loss"])
+        for key in ("reward", "kl", "rldf/token_utility", "rldf/target_tokens_per_step", "rldf/nfe_per_completion",
+                    "rldf/rollout_time", "rldf/loss_time", "rldf/sampled_step_uncertainty", "rewards/length_reward/mean"):
+            assert key in entry, key
+        assert 0 < entry["rldf/token_utility"] <= 1
+
+
+def test_lora_trains_adapter_only(tmp_path):
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    trainer = make_trainer(tmp_path, peft_config=lora)
+    before = snapshot(trainer.model)
+    assert before and all("lora_" in name for name in before)
+    trainer.train()
+    moved = changed(before, trainer.model)
+    assert any("lora_A" in name for name in moved) or any("lora_B" in name for name in moved)
+    assert all(math.isfinite(e["loss"]) for e in trainer.state.log_history if "loss" in e)
+
+
+def test_ppo_iterations_and_gradient_accumulation(tmp_path):
+    trainer = make_trainer(tmp_path, num_iterations=2, gradient_accumulation_steps=2, max_steps=2)
+    before = snapshot(trainer.model)
+    trainer.train()
+    assert changed(before, trainer.model)
+    logs = [e for e in trainer.state.log_history if "loss" in e]
+    assert all("clip_ratio/region_mean" in e for e in logs)
+    assert all(math.isfinite(e["loss"]) for e in logs)
+
+
+def test_static_unmasking_and_prefix_cache(tmp_path):
+    trainer = make_trainer(tmp_path, unmasking="static", diffusion_steps=4, cache_mode="prefix", beta=0.0)
+    trainer.train()
+    logs = [e for e in trainer.state.log_history if "loss" in e]
+    assert all(e["rldf/nfe_per_completion"] == 4 for e in logs)
+
+
+def test_resume_restores_optimizer_step_and_generator(tmp_path):
+    trainer = make_trainer(tmp_path, max_steps=2, save_strategy="steps", save_steps=1, beta=0.0)
+    trainer.train()
+    final_generator = trainer._rollout_generator.get_state()
+    final_params = snapshot(trainer.model)
+
+    resumed = make_trainer(tmp_path, max_steps=2, save_strategy="steps", save_steps=1, beta=0.0)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-1"))
+    assert resumed.state.global_step == 2
+    assert torch.equal(resumed._rollout_generator.get_state(), final_generator)
+    for name, value in snapshot(resumed.model).items():
+        torch.testing.assert_close(value, final_params[name], rtol=1e-5, atol=1e-6)
+
+
+def test_config_validation_names_the_field(tmp_path):
+    with pytest.raises(ValueError, match="block_length"):
+        make_args(tmp_path, max_completion_length=10, block_length=4)
+    with pytest.raises(ValueError, match="clean_target_threshold"):
+        make_args(tmp_path, clean_target_threshold=1.5)
+    with pytest.raises(ValueError, match="num_sampled_timesteps"):
+        make_args(tmp_path, num_sampled_timesteps=0)
+    with pytest.raises(ValueError, match="loss_normalization"):
+        make_args(tmp_path, loss_normalization="seq")
+    with pytest.raises(ValueError, match="timestep_temperature"):
+        make_args(tmp_path, timestep_temperature=-1.0)
+    with pytest.raises(ValueError, match="cache_mode"):
+        make_args(tmp_path, cache_mode="full")
+    with pytest.raises(ValueError, match="steps"):
+        make_args(tmp_path, unmasking="static", diffusion_steps=3)
+    with pytest.raises(ValueError, match="use_vllm"):
+        make_args(tmp_path, use_vllm=True)
+
+
+def test_non_diffusion_model_is_rejected(tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    plain = LlamaForCausalLM(LlamaConfig(vocab_size=16, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2))
+    with pytest.raises(ValueError, match="mask_token_id"):
+        make_trainer(tmp_path, model=plain)
