@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import itertools
 import math
+from unittest import mock
 
 import pytest
 import torch
 from datasets import Dataset
+from trl import GRPOTrainer
 
 from dllm_trl import DiffusionGenerationConfig, diffusion_generate
 from dllm_trl.generation import NEVER_COMMITTED
@@ -26,8 +28,9 @@ from dllm_trl.trainers import RLDFConfig, RLDFTrainer
 
 VOCAB = 32
 GEN, BLOCK, K = 8, 4, 3
-ACCUM = 2  # current_gradient_accumulation_steps: the train-mode loss is divided by it
+ACCUM = 2  # gradient accumulation steps = steps per generation
 EPS_LOW, EPS_HIGH = 0.2, 0.28
+TRAJECTORY = ("rollout_prompt_ids", "rollout_prompt_mask", "rollout_ids", "commit_step", "valid_mask", "sampled_steps")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -59,11 +62,14 @@ def trainer(request, tokenizer, tmp_path_factory):
         max_completion_length=GEN,
         block_length=BLOCK,
         per_device_train_batch_size=4,
+        gradient_accumulation_steps=ACCUM,
         num_generations=4,
         num_sampled_timesteps=K,
+        drop_zero_variance_groups=False,
         beta=0.0,
         seed=0,
     )
+    assert args.steps_per_generation == ACCUM
     trainer = RLDFTrainer(
         model=_tiny_model(request.param, tokenizer),
         reward_funcs=lambda completions, **kwargs: [float(len(c)) for c in completions],
@@ -72,16 +78,25 @@ def trainer(request, tokenizer, tmp_path_factory):
         processing_class=tokenizer,
     )
     trainer.model.train()
-    trainer.current_gradient_accumulation_steps = ACCUM
+    trainer.current_gradient_accumulation_steps = ACCUM  # set by the training loop
     return trainer
 
 
-def _configure(trainer, *, norm="token", c=0.2, beta=0.0, checkpoint=True):
+def _configure(trainer, *, norm="token", c=0.2, beta=0.0):
     trainer.args.loss_normalization = norm
     trainer.args.clean_target_threshold = c
-    trainer.args.checkpoint_timesteps = checkpoint
     trainer.beta = beta
     trainer.epsilon_low, trainer.epsilon_high = EPS_LOW, EPS_HIGH
+
+
+def prepare_batch(trainer, batch):
+    """The batch as the trainer's own ``_generate_and_score_completions`` finishes it (target sets, counts, …),
+    with TRL's generation and scoring replaced by the given trajectory, advantages and old / ref log-probs."""
+    trajectory = {key: batch[key] for key in TRAJECTORY}
+    scored = {key: value for key, value in batch.items() if key not in TRAJECTORY}
+    trainer._rollout = trajectory
+    with mock.patch.object(GRPOTrainer, "_generate_and_score_completions", lambda self, inputs: dict(scored)):
+        return trainer._generate_and_score_completions([])
 
 
 def _params(model):
@@ -95,10 +110,23 @@ def _grads(loss, params):
     return [torch.zeros_like(p) if g is None else g for g, p in zip(grads, params)]
 
 
+def _backward(trainer, inputs):
+    """``_compute_loss`` then the trainer's backward, as ``training_step`` does; returns (loss, gradients)."""
+    params = _params(trainer.model)
+    for p in params:
+        p.grad = None
+    loss = trainer._compute_loss(trainer.model, inputs)
+    if torch.is_grad_enabled():
+        trainer.accelerator.backward(loss)
+    grads = [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in params]
+    for p in params:
+        p.grad = None
+    return loss.detach(), grads
+
+
 def _trainer_loss_and_grads(trainer, batch, **config):
     _configure(trainer, **config)
-    loss = trainer._compute_loss(trainer.model, batch)
-    return loss, _grads(loss, _params(trainer.model))
+    return _backward(trainer, prepare_batch(trainer, batch))
 
 
 def _assert_grads_close(actual, expected, atol=2e-6, rtol=1e-4):
@@ -123,20 +151,20 @@ def _block_commit_order(gen: torch.Generator, positions: list[int], first_step: 
 
 
 def random_batch(tokenizer, seed: int = 0):
-    """Five completions with random commit orders (G = 8, two blocks of 4):
+    """Six completions with random commit orders (G = 8, two blocks of 4):
 
     row 0: no EOS, k steps · row 1: EOS at 2, block 1 decoded after it (invalid), 2 steps + padding ·
     row 2: every sampled step is padding · row 3: EOS at 3, block 1 never committed (EOS-filled), A = 0 ·
-    row 4: no EOS, k steps, A < 0. Prompts of lengths 4, 2, 3, 1, 4, left-padded.
+    row 4: no EOS, k steps, A < 0 · row 5: EOS at 6, k steps. Prompts of lengths 4, 2, 3, 1, 4, 2, left-padded.
     """
     gen = torch.Generator().manual_seed(seed)
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     content = [i for i in range(len(tokenizer)) if i not in tokenizer.all_special_ids]
-    prompt_lengths = [4, 2, 3, 1, 4]
-    eos_at = [None, 2, None, 3, None]
-    decoded_blocks = [2, 2, 2, 1, 2]
-    n_sampled = [K, 2, 0, 2, K]
-    advantages = torch.tensor([1.3, -0.9, 0.6, 0.0, -0.4])
+    prompt_lengths = [4, 2, 3, 1, 4, 2]
+    eos_at = [None, 2, None, 3, None, 6]
+    decoded_blocks = [2, 2, 2, 1, 2, 2]
+    n_sampled = [K, 2, 0, 2, K, K]
+    advantages = torch.tensor([1.3, -0.9, 0.6, 0.0, -0.4, 0.8])
     P = max(prompt_lengths)
     rows = len(prompt_lengths)
 
@@ -165,7 +193,7 @@ def random_batch(tokenizer, seed: int = 0):
         candidates = sorted({int(commit_step[b, i]) for i in range(last + 1)})
         chosen = [candidates[i] for i in torch.randperm(len(candidates), generator=gen)[: n_sampled[b]].tolist()]
         sampled[b, : len(chosen)] = torch.tensor(sorted(chosen), dtype=torch.long)
-    batch = {
+    return {
         "rollout_prompt_ids": prompt_ids,
         "rollout_prompt_mask": prompt_mask,
         "rollout_ids": rollout_ids,
@@ -174,7 +202,6 @@ def random_batch(tokenizer, seed: int = 0):
         "sampled_steps": sampled,
         "advantages": advantages,
     }
-    return batch
 
 
 def add_old_and_ref(batch, current: dict, seed: int, ppo: bool, beta: bool, noise: float = 0.3):
@@ -236,7 +263,13 @@ def reference_targets(batch, current, c: float, ppo: bool) -> dict:
     return targets
 
 
-def reference_loss(batch, current, targets, *, ppo: bool, beta: float, norm: str, accum: int = ACCUM):
+def reference_loss(batch, current, targets, *, ppo: bool, beta: float, norm: str, train: bool = True):
+    """Eq. 10 ("sample") or one mean over all target tokens ("token").
+
+    In training a micro-batch is one of ``ACCUM`` accumulated ones: "sample" divides by ``ACCUM`` (the mean over
+    completions spans the micro-batches); "token" divides by the target count of the generation batch, which
+    here is this batch (``steps_per_generation = ACCUM``).
+    """
     terms_per_step = {}
     for (b, j), logps in current.items():
         A = float(batch["advantages"][b])
@@ -258,18 +291,12 @@ def reference_loss(batch, current, targets, *, ppo: bool, beta: float, norm: str
     rows = batch["rollout_ids"].shape[0]
     if norm == "token":
         all_terms = [term for terms in terms_per_step.values() for term in terms]
-        loss = sum(all_terms) / len(all_terms) if all_terms else zero
-    else:
-        row_losses = []
-        for b in range(rows):
-            step_losses = [
-                sum(terms) / len(terms) if terms else zero
-                for (bb, _), terms in terms_per_step.items()
-                if bb == b
-            ]
-            row_losses.append(sum(step_losses) / len(step_losses) if step_losses else zero)
-        loss = sum(row_losses) / rows
-    return loss / accum
+        return sum(all_terms) / len(all_terms) if all_terms else zero
+    row_losses = []
+    for b in range(rows):
+        step_losses = [sum(terms) / len(terms) if terms else zero for (bb, _), terms in terms_per_step.items() if bb == b]
+        row_losses.append(sum(step_losses) / len(step_losses) if step_losses else zero)
+    return sum(row_losses) / rows / (ACCUM if train else 1)
 
 
 def _midpoint_threshold(batch, current, ppo: bool) -> float:
@@ -284,6 +311,14 @@ def _midpoint_threshold(batch, current, ppo: bool) -> float:
     probs.sort()
     gaps = [(abs(i - len(probs) / 2), (lo + hi) / 2) for i, (lo, hi) in enumerate(zip(probs, probs[1:])) if hi - lo > 1e-4]
     return min(gaps)[1]
+
+
+def _assert_target_mask(inputs, targets):
+    """The trainer's Ô_t (B, k, G) equals the reference sets, and is empty for padding steps."""
+    mask = inputs["target_mask"]
+    for b in range(mask.shape[0]):
+        for j in range(mask.shape[1]):
+            assert mask[b, j].nonzero().squeeze(1).tolist() == targets.get((b, j), []), (b, j)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -301,15 +336,18 @@ def test_loss_and_grads_match_bruteforce(trainer, tokenizer, objective, norm, be
     c = _midpoint_threshold(batch, current, ppo)
     targets = reference_targets(batch, current, c, ppo)
     # The threshold splits the still-masked tokens: some join Ô_t, some do not.
-    later = sum(len(v) for v in targets.values()) - sum(
+    committed_now = sum(
         int(((batch["commit_step"][b] == batch["sampled_steps"][b, j]) & batch["valid_mask"][b].bool()).sum())
         for b, j in targets
     )
-    assert later > 0
+    assert sum(len(v) for v in targets.values()) > committed_now
     expected = reference_loss(batch, current, targets, ppo=ppo, beta=beta, norm=norm)
     expected_grads = _grads(expected, _params(model))
 
-    loss, grads = _trainer_loss_and_grads(trainer, batch, norm=norm, c=c, beta=beta)
+    _configure(trainer, norm=norm, c=c, beta=beta)
+    inputs = prepare_batch(trainer, batch)
+    _assert_target_mask(inputs, targets)
+    loss, grads = _backward(trainer, inputs)
     assert torch.isfinite(loss)
     torch.testing.assert_close(loss, expected.detach(), atol=1e-6, rtol=1e-5)
     _assert_grads_close(grads, expected_grads)
@@ -318,7 +356,7 @@ def test_loss_and_grads_match_bruteforce(trainer, tokenizer, objective, norm, be
 @pytest.mark.parametrize("objective", ["reinforce", "ppo"])
 @pytest.mark.parametrize("c", [0.0, 1.0])
 def test_clean_target_threshold_extremes(trainer, tokenizer, c, objective):
-    """c = 0: every later valid token is a target; c = 1: only I_t. Also the logged target count."""
+    """c = 0: every later valid token is a target; c = 1: only I_t. Also the logged target count and utility."""
     ppo = objective == "ppo"
     model = trainer.model
     batch = random_batch(tokenizer, seed=21)
@@ -333,7 +371,10 @@ def test_clean_target_threshold_extremes(trainer, tokenizer, c, objective):
     expected = reference_loss(batch, current, targets, ppo=ppo, beta=0.05, norm="sample")
     expected_grads = _grads(expected, _params(model))
 
-    loss, grads = _trainer_loss_and_grads(trainer, batch, norm="sample", c=c, beta=0.05)
+    _configure(trainer, norm="sample", c=c, beta=0.05)
+    inputs = prepare_batch(trainer, batch)
+    _assert_target_mask(inputs, targets)
+    loss, grads = _backward(trainer, inputs)
     torch.testing.assert_close(loss, expected.detach(), atol=1e-6, rtol=1e-5)
     _assert_grads_close(grads, expected_grads)
     logged = trainer._metrics["train"]["rldf/target_tokens_per_step"][-1]
@@ -342,30 +383,60 @@ def test_clean_target_threshold_extremes(trainer, tokenizer, c, objective):
     assert trainer._metrics["train"]["rldf/token_utility"][-1] == pytest.approx(utility, rel=1e-5)
 
 
-def test_checkpoint_timesteps_gives_identical_loss_and_grads(trainer, tokenizer):
+@pytest.mark.parametrize("norm", ["token", "sample"])
+def test_micro_batches_accumulate_to_the_generation_batch_loss(trainer, tokenizer, norm):
+    """The generation batch split into ``ACCUM`` micro-batches (as TRL does): the micro losses and gradients add
+    up to the loss of the whole generation batch — "token": every target token of the batch weighs the same;
+    "sample": the mean over all completions."""
     batch = random_batch(tokenizer, seed=31)
     current = reference_state_logps(trainer.model, batch)
     batch = add_old_and_ref(batch, current, seed=32, ppo=True, beta=True)
-    config = dict(norm="sample", c=0.2, beta=0.05)
-    loss_ckpt, grads_ckpt = _trainer_loss_and_grads(trainer, batch, checkpoint=True, **config)
-    loss_plain, grads_plain = _trainer_loss_and_grads(trainer, batch, checkpoint=False, **config)
-    torch.testing.assert_close(loss_ckpt, loss_plain, atol=0, rtol=1e-6)
-    assert any(g.abs().max() > 0 for g in grads_plain)
-    for a, b in zip(grads_ckpt, grads_plain):
-        torch.testing.assert_close(a, b, atol=1e-7, rtol=1e-6)
+    targets = reference_targets(batch, current, 0.2, ppo=True)
+    expected = reference_loss(batch, current, targets, ppo=True, beta=0.05, norm=norm, train=False)
+    expected_grads = _grads(expected, _params(trainer.model))
+
+    _configure(trainer, norm=norm, c=0.2, beta=0.05)
+    inputs = prepare_batch(trainer, batch)
+    rows = batch["advantages"].shape[0]
+    total, total_grads = 0.0, None
+    for part in torch.arange(rows).chunk(ACCUM):
+        micro = {
+            key: value[part] if torch.is_tensor(value) and value.dim() > 0 and value.shape[0] == rows else value
+            for key, value in inputs.items()
+        }
+        loss, grads = _backward(trainer, micro)
+        total = total + loss
+        total_grads = grads if total_grads is None else [a + g for a, g in zip(total_grads, grads)]
+    torch.testing.assert_close(total, expected.detach(), atol=1e-6, rtol=1e-5)
+    _assert_grads_close(total_grads, expected_grads)
 
 
-def test_eval_mode_is_not_divided_by_accumulation(trainer, tokenizer):
+@pytest.mark.parametrize("norm", ["token", "sample"])
+def test_eval_loss_and_per_step_backward(trainer, tokenizer, norm):
+    """Eval: no accumulation factor, and the returned loss holds the whole graph. Train: the per-step backward
+    gives the same gradient as one backward of the whole loss (scaled by the accumulation factor)."""
     batch = random_batch(tokenizer, seed=41)
-    _configure(trainer, norm="token", c=0.2)
-    train_loss = trainer._compute_loss(trainer.model, batch).detach()
+    current = reference_state_logps(trainer.model, batch)
+    batch = add_old_and_ref(batch, current, seed=42, ppo=False, beta=True)
+    targets = reference_targets(batch, current, 0.2, ppo=False)
+    expected = reference_loss(batch, current, targets, ppo=False, beta=0.05, norm=norm, train=False).detach()
+
+    _configure(trainer, norm=norm, c=0.2, beta=0.05)
+    inputs = prepare_batch(trainer, batch)
+    train_loss, train_grads = _backward(trainer, inputs)
     trainer.model.eval()
     try:
-        eval_loss = trainer._compute_loss(trainer.model, batch).detach()
+        with torch.no_grad():
+            eval_loss = trainer._compute_loss(trainer.model, inputs)
+        graph_loss = trainer._compute_loss(trainer.model, inputs)  # eval mode, grad on: one graph
+        eval_grads = _grads(graph_loss, _params(trainer.model))
     finally:
         trainer.model.train()
-    assert train_loss != 0
-    torch.testing.assert_close(eval_loss, train_loss * ACCUM)
+    torch.testing.assert_close(eval_loss, expected, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(graph_loss.detach(), expected, atol=1e-6, rtol=1e-5)
+    scale = ACCUM if norm == "sample" else 1
+    torch.testing.assert_close(train_loss * scale, expected, atol=1e-6, rtol=1e-5)
+    _assert_grads_close([g * scale for g in train_grads], eval_grads, atol=1e-7, rtol=1e-5)
 
 
 def test_scoring_pass_scores_the_states_of_the_loss(trainer, tokenizer):
@@ -386,9 +457,25 @@ def test_scoring_pass_scores_the_states_of_the_loss(trainer, tokenizer):
     targets = reference_targets(batch, current, 0.2, ppo=False)
     # At ratio 1 each target token contributes −A (and a zero KL).
     expected = -sum(float(batch["advantages"][b]) * len(v) for (b, _), v in targets.items())
-    expected /= sum(len(v) for v in targets.values()) * ACCUM
+    expected /= sum(len(v) for v in targets.values())
     assert float(loss_ppo) == pytest.approx(expected, rel=1e-5, abs=1e-6)
     _assert_grads_close(grads_ppo, grads_rf, atol=1e-6, rtol=1e-4)
+
+
+def test_zero_variance_groups_are_dropped(trainer, tokenizer):
+    """drop_zero_variance_groups: rows of a group whose advantages are all 0 keep their shape but get no step."""
+    batch = random_batch(tokenizer, seed=55)
+    batch = {key: torch.cat([value, value[:2]]) for key, value in batch.items()}  # 8 rows: groups 0–3, 4–7
+    batch["advantages"] = torch.tensor([0.5, -0.5, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+    _configure(trainer, c=0.2)
+    trainer.args.drop_zero_variance_groups = True
+    try:
+        inputs = prepare_batch(trainer, batch)
+    finally:
+        trainer.args.drop_zero_variance_groups = False
+    assert torch.equal(inputs["sampled_steps"][:4], batch["sampled_steps"][:4])
+    assert (inputs["sampled_steps"][4:] == INVALID_STEP).all()
+    assert not inputs["target_mask"][4:].any() and inputs["target_mask"][:2].any()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -419,12 +506,15 @@ def test_all_padding_steps_give_zero_loss_that_backpropagates(trainer, tokenizer
         batch["old_per_token_logps"] = torch.zeros(*batch["sampled_steps"].shape, GEN)
     batch["ref_per_token_logps"] = torch.zeros(*batch["sampled_steps"].shape, GEN)
     _configure(trainer, norm=norm, c=0.2, beta=0.05)
-    loss = trainer._compute_loss(trainer.model, batch)
+    inputs = prepare_batch(trainer, batch)
+    assert not inputs["target_mask"].any()
+    loss = trainer._compute_loss(trainer.model, inputs)
     assert torch.isfinite(loss) and float(loss) == 0.0
+    assert loss.requires_grad  # training_step calls backward on it
     params = _params(trainer.model)
     for p in params:
         p.grad = None
-    loss.backward()
+    trainer.accelerator.backward(loss)
     for p in params:
         assert p.grad is None or (p.grad == 0).all()
 

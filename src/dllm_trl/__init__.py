@@ -2,7 +2,15 @@
 
 from .generation import DiffusionGenerationConfig, DiffusionGenerationOutput, diffusion_generate
 from .models import load_diffusion_model
+from .trainers import RLDFConfig, RLDFTrainer
 
 __version__ = "0.1.0.dev0"
 
-__all__ = ["DiffusionGenerationConfig", "DiffusionGenerationOutput", "diffusion_generate", "load_diffusion_model"]
+__all__ = [
+    "DiffusionGenerationConfig",
+    "DiffusionGenerationOutput",
+    "RLDFConfig",
+    "RLDFTrainer",
+    "diffusion_generate",
+    "load_diffusion_model",
+]

@@ -1,0 +1,36 @@
+"""The embedded toy model, tokenizer and task: two-number addition (``"37+45="`` → ``"82"``).
+
+One call gives a partly competent masked-diffusion LM and its tokenizer::
+
+    from dllm_trl.toy import load_toy, toy_dataset, toy_reward, toy_generation_config, evaluate_accuracy
+
+    model, tokenizer = load_toy()
+    print(evaluate_accuracy(model, tokenizer, toy_dataset("test"))["accuracy"])
+
+``python -m dllm_trl.toy`` decodes the held-out split and prints accuracy and tokens/s. The checkpoint is
+produced by ``scripts/pretrain_toy.py``.
+"""
+
+from .evaluate import decode_completions, evaluate_accuracy, main
+from .model import TOY_GEN_LENGTH, TOY_MODEL_SHAPE, load_toy, toy_assets_dir, toy_generation_config
+from .task import TEST_SIZE, completion_text, toy_dataset, toy_problems, toy_reward
+from .tokenizer import CHAT_TEMPLATE, build_toy_tokenizer, encode_prompts
+
+__all__ = [
+    "CHAT_TEMPLATE",
+    "TEST_SIZE",
+    "TOY_GEN_LENGTH",
+    "TOY_MODEL_SHAPE",
+    "build_toy_tokenizer",
+    "completion_text",
+    "decode_completions",
+    "encode_prompts",
+    "evaluate_accuracy",
+    "load_toy",
+    "main",
+    "toy_assets_dir",
+    "toy_dataset",
+    "toy_generation_config",
+    "toy_problems",
+    "toy_reward",
+]

@@ -1,0 +1,141 @@
+"""The main job: ``python -m dllm_trl`` trains the embedded toy diffusion LM with RLDF on CPU.
+
+It measures greedy held-out accuracy of the shipped checkpoint, trains with :class:`RLDFTrainer` on the
+toy arithmetic task, measures again, prints the reward curve and writes it as a PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m dllm_trl", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--output-dir", default="outputs/toy-rldf", help="Where logs, the plot and the model go.")
+    parser.add_argument("--max-steps", type=int, default=60, help="Optimizer steps.")
+    parser.add_argument("--learning-rate", type=float, default=3e-4)
+    parser.add_argument("--num-generations", type=int, default=8, help="Completions per prompt (group size).")
+    parser.add_argument("--prompts-per-step", type=int, default=4)
+    parser.add_argument("--num-sampled-timesteps", type=int, default=4, help="k of weighted timestep sampling.")
+    parser.add_argument("--beta", type=float, default=0.0, help="k3-KL weight.")
+    parser.add_argument("--eval-size", type=int, default=200, help="Held-out problems for greedy accuracy.")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--save-model", action="store_true", help="Also save the trained checkpoint.")
+    return parser.parse_args(argv)
+
+
+def ascii_curve(values, width=60, height=10) -> str:
+    """A small text plot of ``values`` (one column per step, resampled to ``width``)."""
+    if not values:
+        return "(no values)"
+    step = max(1, len(values) // width)
+    points = [sum(values[i : i + step]) / len(values[i : i + step]) for i in range(0, len(values), step)]
+    low, high = min(points), max(points)
+    span = (high - low) or 1.0
+    rows = []
+    for level in range(height, -1, -1):
+        threshold = low + span * level / height
+        line = "".join("█" if p >= threshold else " " for p in points)
+        rows.append(f"{threshold:6.3f} |{line}")
+    rows.append("       +" + "-" * len(points))
+    return "\n".join(rows)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    import torch
+
+    from .toy import evaluate_accuracy, load_toy, toy_dataset, toy_generation_config, toy_reward
+    from .trainers import RLDFConfig, RLDFTrainer
+
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    os.makedirs(args.output_dir, exist_ok=True)
+    model, tokenizer = load_toy()
+    held_out = toy_dataset("test", size=args.eval_size)
+    eval_config = toy_generation_config()
+    before = evaluate_accuracy(model, tokenizer, held_out, generation_config=eval_config)
+    print(f"[before] held-out greedy accuracy {before['accuracy']:.3f} ({before['tokens_per_second']:.0f} tokens/s)")
+
+    gen = eval_config
+    config = RLDFConfig(
+        output_dir=args.output_dir,
+        max_completion_length=gen.gen_length,
+        block_length=gen.block_length,
+        unmasking_threshold=gen.threshold,
+        cache_mode="dual",
+        temperature=1.0,
+        num_generations=args.num_generations,
+        per_device_train_batch_size=args.num_generations * args.prompts_per_step,
+        num_sampled_timesteps=args.num_sampled_timesteps,
+        beta=args.beta,
+        learning_rate=args.learning_rate,
+        lr_scheduler_type="constant",
+        max_steps=args.max_steps,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        seed=args.seed,
+        gradient_checkpointing=False,
+        bf16=False,
+        disable_tqdm=False,
+    )
+    trainer = RLDFTrainer(
+        model=model,
+        reward_funcs=toy_reward,
+        args=config,
+        train_dataset=toy_dataset("train"),
+        processing_class=tokenizer,
+    )
+    start = time.perf_counter()
+    trainer.train()
+    train_seconds = time.perf_counter() - start
+    after = evaluate_accuracy(trainer.model, tokenizer, held_out, generation_config=eval_config)
+
+    logs = [entry for entry in trainer.state.log_history if "reward" in entry]
+    rewards = [entry["reward"] for entry in logs]
+    print("\nmean reward per step (rollouts at temperature 1):")
+    print(ascii_curve(rewards))
+    plot_path = os.path.join(args.output_dir, "reward_curve.png")
+    _plot(rewards, before["accuracy"], after["accuracy"], plot_path)
+    summary = {
+        "accuracy_before": before["accuracy"],
+        "accuracy_after": after["accuracy"],
+        "train_seconds": train_seconds,
+        "steps": args.max_steps,
+        "rewards": rewards,
+    }
+    with open(os.path.join(args.output_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    if args.save_model:
+        trainer.save_model(os.path.join(args.output_dir, "model"))
+    print(
+        f"\n[after]  held-out greedy accuracy {after['accuracy']:.3f} (was {before['accuracy']:.3f}); "
+        f"trained {args.max_steps} steps in {train_seconds:.0f} s; plot: {plot_path}"
+    )
+    return summary
+
+
+def _plot(rewards, accuracy_before, accuracy_after, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(range(1, len(rewards) + 1), rewards, label="mean rollout reward")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("reward")
+    ax.set_title(f"RLDF on the toy task: greedy accuracy {accuracy_before:.2f} → {accuracy_after:.2f}")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()

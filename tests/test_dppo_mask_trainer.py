@@ -1,0 +1,342 @@
+"""End-to-end checks of DPPOMaskTrainer on tiny random causal and diffusion LMs (CPU)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from peft import LoraConfig
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from dllm_trl.models import build_tiny_llada
+from dllm_trl.trainers import DPPOMaskConfig, DPPOMaskTrainer
+from dllm_trl.trainers.dppo_mask_trainer import appended_logits_processor, detect_model_kind
+
+from .conftest import addition_dataset, length_reward, make_char_tokenizer
+
+DPPO_METRICS = (
+    "dppo/masked_frac",
+    "dppo/masked_frac_pos",
+    "dppo/masked_frac_neg",
+    "dppo/divergence_mean",
+    "dppo/direction_disagree_frac",
+    "dppo/is_weight_mean",
+    "dppo/mu_from_rollout",
+    "dppo/mu_from_old",
+)
+
+
+def make_args(tmp_path, **overrides):
+    values = dict(
+        output_dir=str(tmp_path / "out"),
+        max_completion_length=8,
+        block_length=4,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_steps=2,
+        logging_steps=1,
+        report_to="none",
+        learning_rate=1e-3,
+        temperature=1.0,
+        num_sampled_timesteps=2,
+        beta=0.01,
+        save_strategy="no",
+        use_cpu=True,
+        drop_zero_variance_groups=False,
+        seed=0,
+        divergence_top_k=4,
+    )
+    values.update(overrides)
+    return DPPOMaskConfig(**values)
+
+
+def digit_reward(completions, **kwargs):
+    """Dense toy reward that varies even when no completion ends (EOS) early."""
+    return [float(sum(ch in "13579" for ch in c)) for c in completions]
+
+
+def tiny_causal(family="llama", seed=0):
+    tokenizer = make_char_tokenizer()
+    common = dict(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, eos_token_id=tokenizer.eos_token_id,
+                  pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id)
+    torch.manual_seed(seed)
+    if family == "llama":
+        return LlamaForCausalLM(LlamaConfig(**common))
+    return Qwen2ForCausalLM(Qwen2Config(**common, use_sliding_window=False))
+
+
+def tiny_diffusion():
+    tokenizer = make_char_tokenizer()
+    return build_tiny_llada(vocab_size=len(tokenizer), mask_token_id=tokenizer.mask_token_id,
+                            eos_token_id=tokenizer.eos_token_id)
+
+
+def make_trainer(tmp_path, model, peft_config=None, reward=length_reward, **overrides):
+    return DPPOMaskTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=make_args(tmp_path, **overrides),
+        train_dataset=addition_dataset(),
+        processing_class=make_char_tokenizer(),
+        peft_config=peft_config,
+    )
+
+
+def snapshot(module):
+    return {name: p.detach().clone() for name, p in module.named_parameters() if p.requires_grad}
+
+
+def changed(before, module):
+    after = dict(module.named_parameters())
+    return [name for name, value in before.items() if not torch.equal(value, after[name].detach())]
+
+
+def loss_logs(trainer):
+    return [entry for entry in trainer.state.log_history if "loss" in entry]
+
+
+def check_logs(trainer, steps=2):
+    logs = loss_logs(trainer)
+    assert len(logs) == steps
+    for entry in logs:
+        assert math.isfinite(entry["loss"])
+        for key in (*DPPO_METRICS, *(["kl"] if trainer.beta else [])):
+            assert key in entry, key
+            assert math.isfinite(entry[key]), key
+        assert entry["dppo/mu_from_rollout"] + entry["dppo/mu_from_old"] == pytest.approx(1.0)
+        assert 0.0 <= entry["dppo/masked_frac"] <= 1.0
+    assert "reward" in logs[0]
+    return logs
+
+
+# ---------------------------------------------------------------------------------------------- the rule by hand
+def rule_by_hand(record, args, vocab_size):
+    """Recompute D, g and the keep-mask of every recorded token from the SPEC §3 formulas, in float64."""
+    mu_ids = record["mu_ids"].long()
+    action = record["action"].long()
+    adv = record["advantages"].double()
+    mu_logp_a = record["mu_action_logps"].double()
+    pi_logps = record["pi_support"].double()
+    k = mu_ids.shape[1]
+    in_topk = (mu_ids == action[:, None]).any(1)
+    valid = torch.cat([mu_ids >= 0, ~in_topk[:, None]], dim=1)
+    mu = torch.cat([record["mu_logps"].double().exp(), mu_logp_a.exp()[:, None]], dim=1) * valid
+    pi = pi_logps.exp() * valid
+    mu_tail = (1 - mu.sum(1)).clamp(min=1e-12)
+    pi_tail = (1 - pi.sum(1)).clamp(min=1e-12)
+    pi_a, mu_a = pi_logps[:, k].exp(), mu_logp_a.exp()
+    if args.divergence == "kl":
+        seen = torch.where(mu > 0, mu * (mu.clamp(min=1e-12).log() - pi.clamp(min=1e-12).log()), 0.0).sum(1)
+        div = seen + mu_tail * (mu_tail.log() - pi_tail.log())
+        tail = pi_tail * (pi_tail - mu_tail)
+        if args.tail_estimator == "uniform":
+            tail = tail / (vocab_size - valid.sum(1))
+        g = (pi_a - mu_a) - ((pi * (pi - mu)).sum(1) + tail)
+    else:
+        div = 0.5 * ((pi - mu).abs().sum(1) + (pi_tail - mu_tail).abs())
+        s = torch.sign(pi - mu) * valid
+        s_t = torch.sign(pi_tail - mu_tail)
+        s_bar = (s * pi).sum(1) + s_t * pi_tail
+        tail = pi_tail**2 * (s_t - s_bar)
+        if args.tail_estimator == "uniform":
+            tail = tail / (vocab_size - valid.sum(1))
+        g = 0.5 * ((torch.sign(pi_a - mu_a) - s_bar) * pi_a - (pi**2 * (s - s_bar[:, None]) * valid).sum(1) - tail)
+    log_ratio = pi_logps[:, k] - mu_logp_a
+    direction = g if args.mask_direction == "predictive" else torch.sign(log_ratio)
+    delta = torch.where(adv > 0, args.divergence_threshold_high or args.divergence_threshold,
+                        args.divergence_threshold_low or args.divergence_threshold)
+    keep = ~((div > delta) & (adv * direction > 0))
+    clear = ((div - delta).abs() > 1e-6) & ((adv * direction).abs() > 1e-9)
+    weight = log_ratio.exp().clamp(max=args.is_cap)
+    return div, g, keep, clear, weight
+
+
+def check_masks_follow_rule(trainer, vocab_size):
+    records = trainer._dppo_records
+    assert records
+    fired = 0
+    for record in records:
+        div, g, keep, clear, weight = rule_by_hand(record, trainer.args, vocab_size)
+        torch.testing.assert_close(record["div"].double(), div, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(record["direction"].double(), g, rtol=1e-3, atol=1e-7)
+        torch.testing.assert_close(record["weights"].double(), weight, rtol=1e-5, atol=1e-6)
+        assert torch.equal(record["keep"][clear], keep[clear])
+        fired += int((~record["keep"]).sum())
+    return fired
+
+
+# ------------------------------------------------------------------------------------------------------- config
+def test_config_validation_names_the_field(tmp_path):
+    for field, value in [
+        ("divergence", "js"),
+        ("divergence_top_k", -1),
+        ("divergence_threshold", -0.1),
+        ("divergence_threshold_low", float("nan")),
+        ("divergence_threshold_high", -1.0),
+        ("mask_direction", "clip"),
+        ("tail_estimator", "gaussian"),
+        ("is_cap", 0.0),
+        ("behaviour_source", "vllm"),
+        ("model_kind", "encoder"),
+        ("loss_type", "cispo"),
+        ("delta", 2.0),
+        ("off_policy_mask_threshold", 0.5),
+        ("entropy_coef", 0.1),
+        ("use_transformers_continuous_batching", True),
+    ]:
+        with pytest.raises(ValueError, match=field):
+            make_args(tmp_path, **{field: value})
+    args = make_args(tmp_path)
+    assert args.mask_rule == "predictive" and args.tail_estimator == "uniform" and args.divergence_top_k == 4
+    assert args.diffusion_generation_config().record_topk == 4
+    assert make_args(tmp_path, divergence_top_k=0).diffusion_generation_config().record_topk == 1
+    assert make_args(tmp_path, mask_direction="ratio").mask_rule == "dppo"
+    assert make_args(tmp_path, block_length=None, max_completion_length=12).block_length == 12
+    assert make_args(tmp_path, block_length=None, max_completion_length=64).block_length == 32
+    defaults = DPPOMaskConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True)
+    assert (defaults.divergence, defaults.divergence_top_k, defaults.divergence_threshold, defaults.is_cap) == (
+        "kl", 20, 0.15, 20.0)
+
+
+def test_model_kind_detection_and_vocabulary_check(tmp_path):
+    assert detect_model_kind(tiny_diffusion()) == "diffusion"
+    plain = tiny_causal()
+    assert detect_model_kind(plain) == "causal"
+    plain.config.mask_token_id = 1  # a mask id alone (no diffusion properties) does not make a diffusion LM
+    assert detect_model_kind(plain) == "causal"
+    with pytest.raises(ValueError, match="divergence_top_k"):
+        make_trainer(tmp_path, tiny_diffusion(), divergence_top_k=15)  # 15 tokens, one of them the mask
+
+
+# --------------------------------------------------------------------------------------------------- causal LMs
+def test_causal_capture_is_the_sampled_distribution(tmp_path):
+    """μ(a) and the top-K travelling with the batch equal a recomputation with the same temperature / top-k / top-p."""
+    temperature, top_k, top_p, k = 0.7, 6, 0.9, 4
+    trainer = make_trainer(tmp_path, tiny_causal(), temperature=temperature, top_k=top_k, top_p=top_p, divergence_top_k=k)
+    trainer.model.train()
+    dataset = addition_dataset()
+    batch = trainer._generate_and_score_completions([dataset[i] for i in range(2) for _ in range(4)])
+    base = trainer.accelerator.unwrap_model(trainer.model)
+    assert "_get_logits_processor" not in vars(base)  # the hook is gone after generation
+
+    prompt_ids, completion_ids = batch["prompt_ids"], batch["completion_ids"]
+    mask = batch["completion_mask"].bool()
+    assert batch["behaviour_topk_ids"].shape == (*completion_ids.shape, k)
+    assert batch["behaviour_logps"].shape == completion_ids.shape
+    with torch.no_grad():
+        ids = torch.cat([prompt_ids, completion_ids], 1)
+        attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
+        logits = base(input_ids=ids, attention_mask=attention).logits[:, prompt_ids.shape[1] - 1 : -1].double()
+    scores = logits / temperature
+    kth = scores.topk(top_k, dim=-1).values[..., -1:]
+    scores = scores.masked_fill(scores < kth, float("-inf"))
+    ascending, order = scores.sort(dim=-1)
+    cumulative = ascending.softmax(-1).cumsum(-1)
+    drop = cumulative <= 1 - top_p
+    drop[..., -1] = False
+    scores = scores.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    reference = scores.log_softmax(-1)
+
+    sampled = reference.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
+    torch.testing.assert_close(batch["behaviour_logps"][mask].double(), sampled[mask], rtol=1e-4, atol=1e-4)
+    assert torch.isfinite(batch["behaviour_logps"][mask]).all()
+    values, top = reference.topk(k, dim=-1)
+    captured = batch["behaviour_topk_logps"].double()
+    finite = torch.isfinite(values) & mask.unsqueeze(-1)
+    assert torch.equal(torch.isfinite(captured) & mask.unsqueeze(-1), finite)
+    torch.testing.assert_close(captured[finite], values[finite], rtol=1e-4, atol=1e-4)
+    assert torch.equal(batch["behaviour_topk_ids"][finite], top[finite])
+    # Truncation really happened: at most top_k tokens carry mass.
+    assert (torch.isinf(captured) & mask.unsqueeze(-1)).any() or top_k >= k
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_causal_train_updates_parameters_and_logs(tmp_path, family):
+    trainer = make_trainer(tmp_path, tiny_causal(family), max_steps=1)
+    assert trainer.model_kind == "causal"
+    assert not hasattr(trainer.model.config, "diffusion_logit_shift")
+    before = snapshot(trainer.model)
+    trainer.train()
+    assert changed(before, trainer.model)
+    for entry in check_logs(trainer, steps=1):
+        assert entry["dppo/mu_from_rollout"] == 1.0
+
+
+def test_causal_lora(tmp_path):
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    trainer = make_trainer(tmp_path, tiny_causal(), peft_config=lora, max_steps=1)
+    before = snapshot(trainer.model)
+    assert before and all("lora_" in name for name in before)
+    trainer.train()
+    assert changed(before, trainer.model)
+    check_logs(trainer, steps=1)
+
+
+@pytest.mark.parametrize(
+    "direction,divergence,tail",
+    [("predictive", "kl", "uniform"), ("ratio", "kl", "aggregated"), ("predictive", "tv", "aggregated")],
+)
+def test_causal_off_policy_masks_follow_the_rule(tmp_path, direction, divergence, tail):
+    """num_iterations = 2 with a large learning rate: the second pass is off-policy, D > 0 and the mask drops exactly
+    the tokens the rule says."""
+    trainer = make_trainer(
+        tmp_path, tiny_causal(), reward=digit_reward, num_iterations=2, learning_rate=3e-2, beta=0.0, mask_direction=direction,
+        divergence=divergence, tail_estimator=tail, divergence_threshold=2e-3, divergence_threshold_high=1e-3,
+    )
+    trainer._dppo_records = []
+    trainer.train()
+    first, second = trainer._dppo_records
+    assert first["div"].abs().max() < 1e-4  # on-policy: μ is the sampling distribution itself
+    assert second["div"].max() > 1e-3
+    assert check_masks_follow_rule(trainer, vocab_size=len(make_char_tokenizer())) > 0
+    logs = check_logs(trainer)
+    assert logs[1]["dppo/masked_frac"] > 0 and logs[1]["dppo/divergence_mean"] > 0
+
+
+# ------------------------------------------------------------------------------------------------ diffusion LMs
+def test_diffusion_train_updates_parameters_and_logs(tmp_path):
+    """On-policy batches with temperature and top-k sampling: μ of tokens committed at t is the rollout record, the
+    others take the current policy itself (π_old = π_θ), so their divergence is 0."""
+    trainer = make_trainer(tmp_path, tiny_diffusion(), reward=digit_reward, max_steps=1, temperature=0.8, top_k=8,
+                           clean_target_threshold=0.05)
+    assert trainer.model_kind == "diffusion"
+    trainer._dppo_records = []
+    before = snapshot(trainer.model)
+    trainer.train()
+    assert changed(before, trainer.model)
+    logs = check_logs(trainer, steps=1)
+    assert all("rldf/token_utility" in entry for entry in logs)
+    tokens = {name: torch.cat([r[name] for r in trainer._dppo_records]) for name in trainer._dppo_records[0]}
+    assert tokens["from_rollout"].any() and (~tokens["from_rollout"]).any()
+    own = ~tokens["from_rollout"]
+    assert tokens["div"][own].abs().max() < 1e-5
+    torch.testing.assert_close(tokens["weights"][own], torch.ones_like(tokens["weights"][own]))
+
+
+@pytest.mark.parametrize("source", ["rollout", "old"])
+def test_diffusion_off_policy_masks_follow_the_rule(tmp_path, source):
+    trainer = make_trainer(
+        tmp_path, tiny_diffusion(), reward=digit_reward, num_iterations=2, learning_rate=3e-2, behaviour_source=source,
+        clean_target_threshold=0.05, divergence_threshold=2e-3,
+    )
+    trainer._dppo_records = []
+    trainer.train()
+    tokens = {name: torch.cat([r[name] for r in trainer._dppo_records]) for name in trainer._dppo_records[0]}
+    assert tokens["div"].max() > 1e-3
+    if source == "old":
+        assert not tokens["from_rollout"].any()
+    else:
+        assert tokens["from_rollout"].any() and (~tokens["from_rollout"]).any()
+    assert check_masks_follow_rule(trainer, vocab_size=len(make_char_tokenizer()) - 1) > 0
+    logs = check_logs(trainer)
+    if source == "old":
+        assert all(entry["dppo/mu_from_old"] == 1.0 for entry in logs)
+
+
+def test_hook_restores_generation(tmp_path):
+    model = tiny_causal()
+    with appended_logits_processor(model, lambda ids, scores: scores) as state:
+        assert "_get_logits_processor" in vars(model)
+    assert "_get_logits_processor" not in vars(model) and state["calls"] == 0
