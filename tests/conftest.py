@@ -7,7 +7,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-torch.set_num_threads(2)
+torch.set_num_threads(1)  # tiny matmuls: threads only add contention
 
 
 def make_char_tokenizer() -> PreTrainedTokenizerFast:

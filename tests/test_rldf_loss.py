@@ -1,9 +1,11 @@
 """Tests for the RLDF loss (SPEC §2): timestep sampling, noisy states, clean targets, step loss.
 
-The loss of ``RLDFTrainer._compute_loss`` and its gradients are compared with a brute-force reference
+The loss of a real (tiny) ``RLDFTrainer`` and its gradients are compared with a brute-force reference
 written plainly below from SPEC §2: Python loops over completions and sampled steps, ``o_t`` built by
-hand, one full forward per (completion, step), target sets built with Python sets, and the aggregation
-of Eq. 10 ("sample") or over all target tokens ("token"). The timestep sampler is checked against the
+hand, a plain full forward of ``q ⊕ o_t``, target sets built with Python sets, and the aggregation of
+Eq. 10 ("sample") or over all target tokens ("token"). Random trajectories enter the trainer where TRL's
+generation and scoring would hand them over (``_generate_and_score_completions``), and the gradient is read
+after the trainer's own backward(s), as in ``training_step``. The timestep sampler is checked against the
 exact without-replacement (Plackett–Luce) probabilities of ``softmax(P / τ)``, and ``noisy_state`` against
 the canvases the real sampler saw.
 """
@@ -36,6 +38,15 @@ TRAJECTORY = ("rollout_prompt_ids", "rollout_prompt_mask", "rollout_ids", "commi
 # --------------------------------------------------------------------------------------------------
 # tiny models and trainers
 # --------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module", autouse=True)
+def single_thread():
+    """Tiny matrices: intra-op threads cost far more than they save (orders of magnitude on a busy machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def tokenizer():
     return build_toy_tokenizer()
@@ -52,10 +63,9 @@ def _tiny_model(family: str, tokenizer, head_scale: float = 30.0):
     return model
 
 
-@pytest.fixture(scope="module", params=["llada", "dream"])
-def trainer(request, tokenizer, tmp_path_factory):
+def _build_trainer(family, tokenizer, tmp_path_factory):
     args = RLDFConfig(
-        output_dir=str(tmp_path_factory.mktemp(f"rldf-{request.param}")),
+        output_dir=str(tmp_path_factory.mktemp(f"rldf-{family}")),
         use_cpu=True,
         report_to="none",
         save_strategy="no",
@@ -71,7 +81,7 @@ def trainer(request, tokenizer, tmp_path_factory):
     )
     assert args.steps_per_generation == ACCUM
     trainer = RLDFTrainer(
-        model=_tiny_model(request.param, tokenizer),
+        model=_tiny_model(family, tokenizer),
         reward_funcs=lambda completions, **kwargs: [float(len(c)) for c in completions],
         args=args,
         train_dataset=Dataset.from_dict({"prompt": ["1+2=", "3*4=", "5-1=", "9+9="]}),
@@ -80,6 +90,22 @@ def trainer(request, tokenizer, tmp_path_factory):
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = ACCUM  # set by the training loop
     return trainer
+
+
+@pytest.fixture(scope="module")
+def llada_trainer(tokenizer, tmp_path_factory):
+    return _build_trainer("llada", tokenizer, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def dream_trainer(tokenizer, tmp_path_factory):
+    return _build_trainer("dream", tokenizer, tmp_path_factory)
+
+
+@pytest.fixture(params=["llada", "dream"])
+def trainer(request):
+    """Both model shapes: LLaDA (no logit shift) and Dream (logits for position i come from i − 1)."""
+    return request.getfixturevalue(f"{request.param}_trainer")
 
 
 def _configure(trainer, *, norm="token", c=0.2, beta=0.0):
@@ -228,10 +254,12 @@ def add_old_and_ref(batch, current: dict, seed: int, ppo: bool, beta: bool, nois
 # brute-force reference (SPEC §2.2–2.3)
 # --------------------------------------------------------------------------------------------------
 def reference_state_logps(model, batch) -> dict:
-    """{(b, j): [log π(o_i | q, o_t) for i < G]} for every sampled (completion, step), one forward each."""
+    """{(b, j): [log π(o_i | q, o_t) for i < G]} for every sampled (completion, step): ``o_t`` built by hand, then
+    a plain full forward of ``q ⊕ o_t`` (all (b, j) stacked in one batch: rows do not interact)."""
     mask_id = model.config.mask_token_id
     shift = 1 if model.config.diffusion_logit_shift else 0
-    out = {}
+    P = batch["rollout_prompt_ids"].shape[1]
+    keys, input_ids, attention_mask = [], [], []
     for b in range(batch["rollout_ids"].shape[0]):
         ids = batch["rollout_ids"][b].tolist()
         steps = batch["commit_step"][b].tolist()
@@ -239,13 +267,17 @@ def reference_state_logps(model, batch) -> dict:
             if t == INVALID_STEP:
                 continue
             o_t = [mask_id if steps[i] >= t else ids[i] for i in range(GEN)]
-            prompt = batch["rollout_prompt_ids"][b]
-            input_ids = torch.cat([prompt, torch.tensor(o_t)]).unsqueeze(0)
-            attention_mask = torch.cat([batch["rollout_prompt_mask"][b], torch.ones(GEN, dtype=torch.long)])
-            logits = model(input_ids=input_ids, attention_mask=attention_mask.unsqueeze(0)).logits[0].float()
-            logp = logits.log_softmax(-1)
-            P = prompt.shape[0]
-            out[b, j] = torch.stack([logp[P + i - shift, ids[i]] for i in range(GEN)])
+            keys.append((b, j))
+            input_ids.append(torch.cat([batch["rollout_prompt_ids"][b], torch.tensor(o_t)]))
+            attention_mask.append(torch.cat([batch["rollout_prompt_mask"][b], torch.ones(GEN, dtype=torch.long)]))
+    if not keys:
+        return {}
+    logits = model(input_ids=torch.stack(input_ids), attention_mask=torch.stack(attention_mask)).logits
+    logp = logits.float().log_softmax(-1)
+    out = {}
+    for n, (b, j) in enumerate(keys):
+        ids = batch["rollout_ids"][b].tolist()
+        out[b, j] = torch.stack([logp[n, P + i - shift, ids[i]] for i in range(GEN)])
     return out
 
 
@@ -294,7 +326,9 @@ def reference_loss(batch, current, targets, *, ppo: bool, beta: float, norm: str
         return sum(all_terms) / len(all_terms) if all_terms else zero
     row_losses = []
     for b in range(rows):
-        step_losses = [sum(terms) / len(terms) if terms else zero for (bb, _), terms in terms_per_step.items() if bb == b]
+        step_losses = [
+            sum(terms) / len(terms) if terms else zero for (bb, _), terms in terms_per_step.items() if bb == b
+        ]
         row_losses.append(sum(step_losses) / len(step_losses) if step_losses else zero)
     return sum(row_losses) / rows / (ACCUM if train else 1)
 
@@ -309,7 +343,11 @@ def _midpoint_threshold(batch, current, ppo: bool) -> float:
             if batch["commit_step"][b, i] > t and batch["valid_mask"][b, i]:
                 probs.append(math.exp(float(source[i])))
     probs.sort()
-    gaps = [(abs(i - len(probs) / 2), (lo + hi) / 2) for i, (lo, hi) in enumerate(zip(probs, probs[1:])) if hi - lo > 1e-4]
+    gaps = [
+        (abs(i - len(probs) / 2), (lo + hi) / 2)
+        for i, (lo, hi) in enumerate(zip(probs, probs[1:]))
+        if hi - lo > 1e-4
+    ]
     return min(gaps)[1]
 
 
@@ -384,10 +422,11 @@ def test_clean_target_threshold_extremes(trainer, tokenizer, c, objective):
 
 
 @pytest.mark.parametrize("norm", ["token", "sample"])
-def test_micro_batches_accumulate_to_the_generation_batch_loss(trainer, tokenizer, norm):
+def test_micro_batches_accumulate_to_the_generation_batch_loss(llada_trainer, tokenizer, norm):
     """The generation batch split into ``ACCUM`` micro-batches (as TRL does): the micro losses and gradients add
     up to the loss of the whole generation batch — "token": every target token of the batch weighs the same;
     "sample": the mean over all completions."""
+    trainer = llada_trainer
     batch = random_batch(tokenizer, seed=31)
     current = reference_state_logps(trainer.model, batch)
     batch = add_old_and_ref(batch, current, seed=32, ppo=True, beta=True)
@@ -412,9 +451,8 @@ def test_micro_batches_accumulate_to_the_generation_batch_loss(trainer, tokenize
 
 
 @pytest.mark.parametrize("norm", ["token", "sample"])
-def test_eval_loss_and_per_step_backward(trainer, tokenizer, norm):
-    """Eval: no accumulation factor, and the returned loss holds the whole graph. Train: the per-step backward
-    gives the same gradient as one backward of the whole loss (scaled by the accumulation factor)."""
+def test_eval_loss_has_no_accumulation_factor(llada_trainer, tokenizer, norm):
+    trainer = llada_trainer
     batch = random_batch(tokenizer, seed=41)
     current = reference_state_logps(trainer.model, batch)
     batch = add_old_and_ref(batch, current, seed=42, ppo=False, beta=True)
@@ -423,20 +461,15 @@ def test_eval_loss_and_per_step_backward(trainer, tokenizer, norm):
 
     _configure(trainer, norm=norm, c=0.2, beta=0.05)
     inputs = prepare_batch(trainer, batch)
-    train_loss, train_grads = _backward(trainer, inputs)
+    train_loss, _ = _backward(trainer, inputs)
     trainer.model.eval()
     try:
         with torch.no_grad():
             eval_loss = trainer._compute_loss(trainer.model, inputs)
-        graph_loss = trainer._compute_loss(trainer.model, inputs)  # eval mode, grad on: one graph
-        eval_grads = _grads(graph_loss, _params(trainer.model))
     finally:
         trainer.model.train()
     torch.testing.assert_close(eval_loss, expected, atol=1e-6, rtol=1e-5)
-    torch.testing.assert_close(graph_loss.detach(), expected, atol=1e-6, rtol=1e-5)
-    scale = ACCUM if norm == "sample" else 1
-    torch.testing.assert_close(train_loss * scale, expected, atol=1e-6, rtol=1e-5)
-    _assert_grads_close([g * scale for g in train_grads], eval_grads, atol=1e-7, rtol=1e-5)
+    torch.testing.assert_close(train_loss * (ACCUM if norm == "sample" else 1), expected, atol=1e-6, rtol=1e-5)
 
 
 def test_scoring_pass_scores_the_states_of_the_loss(trainer, tokenizer):
@@ -462,8 +495,9 @@ def test_scoring_pass_scores_the_states_of_the_loss(trainer, tokenizer):
     _assert_grads_close(grads_ppo, grads_rf, atol=1e-6, rtol=1e-4)
 
 
-def test_zero_variance_groups_are_dropped(trainer, tokenizer):
+def test_zero_variance_groups_are_dropped(llada_trainer, tokenizer):
     """drop_zero_variance_groups: rows of a group whose advantages are all 0 keep their shape but get no step."""
+    trainer = llada_trainer
     batch = random_batch(tokenizer, seed=55)
     batch = {key: torch.cat([value, value[:2]]) for key, value in batch.items()}  # 8 rows: groups 0–3, 4–7
     batch["advantages"] = torch.tensor([0.5, -0.5, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
@@ -483,7 +517,8 @@ def test_zero_variance_groups_are_dropped(trainer, tokenizer):
 # --------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("norm", ["token", "sample"])
 @pytest.mark.parametrize("objective", ["reinforce", "ppo"])
-def test_zero_advantages_give_zero_loss_and_grads(trainer, tokenizer, objective, norm):
+def test_zero_advantages_give_zero_loss_and_grads(llada_trainer, tokenizer, objective, norm):
+    trainer = llada_trainer
     batch = random_batch(tokenizer, seed=61)
     batch["advantages"] = torch.zeros_like(batch["advantages"])
     if objective == "ppo":
@@ -497,9 +532,10 @@ def test_zero_advantages_give_zero_loss_and_grads(trainer, tokenizer, objective,
 
 @pytest.mark.parametrize("norm", ["token", "sample"])
 @pytest.mark.parametrize("objective", ["reinforce", "ppo"])
-def test_all_padding_steps_give_zero_loss_that_backpropagates(trainer, tokenizer, objective, norm):
+def test_all_padding_steps_give_zero_loss_that_backpropagates(llada_trainer, tokenizer, objective, norm):
     """A micro-batch whose every group was dropped (all-equal rewards): loss 0, not NaN, and the trainer's
     ``backward`` still runs (zero gradients)."""
+    trainer = llada_trainer
     batch = random_batch(tokenizer, seed=71)
     batch["sampled_steps"] = torch.full_like(batch["sampled_steps"], INVALID_STEP)
     if objective == "ppo":
@@ -519,9 +555,10 @@ def test_all_padding_steps_give_zero_loss_that_backpropagates(trainer, tokenizer
         assert p.grad is None or (p.grad == 0).all()
 
 
-def test_step_with_only_invalid_tokens_contributes_nothing(trainer, tokenizer):
+def test_step_with_only_invalid_tokens_contributes_nothing(llada_trainer, tokenizer):
     """Row 1 has EOS at 2 and a decoded block 1: any step of block 1 commits only invalid tokens, and so does
     every later step, so its Ô_t is empty even at c = 0."""
+    trainer = llada_trainer
     batch = random_batch(tokenizer, seed=81)
     dead = int(batch["commit_step"][1, BLOCK:].min())
     assert not batch["valid_mask"][1, BLOCK:].any()

@@ -239,6 +239,8 @@ def diffusion_generate(
             columns = block_masked.any(0).nonzero().squeeze(1)  # one host sync per step
             if columns.numel() == 0 or (schedule is not None and step_in_block == len(schedule)):
                 break
+            if step_in_block == block:  # every step commits ≥ 1 token, so this would loop forever
+                raise RuntimeError(f"block {block_index} still has masks after {block} steps: no token was committed.")
             if step_callback is not None:
                 step_callback(step, canvas)
             # A shifted model predicts position j from the output at j - 1.

@@ -270,7 +270,7 @@ class DPPOMaskTrainer(RLDFTrainer):
                 f"The behaviour capture saw {hook['calls']} generate() call(s) and {steps} steps for completions of "
                 f"up to {longest} tokens; TRL's generation path no longer matches what DPPOMaskTrainer expects."
             )
-        device = capture._previous.device
+        device = self.accelerator.device
         last = torch.tensor([ids[steps - 1] if len(ids) == steps else 0 for ids in completion_ids], device=device)
         behaviour = capture.finish(last)
         lengths = torch.tensor([len(ids) for ids in completion_ids], device=device)
@@ -358,10 +358,9 @@ class DPPOMaskTrainer(RLDFTrainer):
             return output
         output = GRPOTrainer._generate_and_score_completions(self, inputs)
         behaviour, self._behaviour = self._behaviour, None
-        width = output["completion_ids"].shape[1]
-        output["behaviour_topk_ids"] = _fit_width(behaviour["behaviour_topk_ids"], width, -1)
-        output["behaviour_topk_logps"] = _fit_width(behaviour["behaviour_topk_logps"], width, 0.0)
-        output["behaviour_logps"] = _fit_width(behaviour["behaviour_logps"], width, 0.0)
+        width = output["completion_ids"].shape[1]  # TRL right-pads (and may pad to a multiple): follow it
+        for key, fill in zip(BEHAVIOUR_KEYS, (-1, 0.0, 0.0)):
+            output[key] = _fit_width(behaviour[key], width, fill)
         return output
 
     # --------------------------------------------------------------------------------------------------- loss
@@ -409,6 +408,12 @@ class DPPOMaskTrainer(RLDFTrainer):
         masked = ~keep & m
         pos, neg = m & (advantages > 0), m & (advantages < 0)
         disagree = (torch.sign(direction) != torch.sign(log_ratio)) & m
+        # Where the choice of direction changes the decision: outside the trust region, and the two disagree.
+        args = self.args
+        low = args.divergence_threshold if args.divergence_threshold_low is None else args.divergence_threshold_low
+        high = args.divergence_threshold if args.divergence_threshold_high is None else args.divergence_threshold_high
+        outside = div > torch.where(advantages > 0, high, low)
+        decisions_differ = outside & ((advantages * direction > 0) != (advantages * torch.sign(log_ratio) > 0)) & m
         zero = torch.zeros((), device=m.device)
         stats = torch.stack([
             m.sum().float(),
@@ -421,6 +426,7 @@ class DPPOMaskTrainer(RLDFTrainer):
             disagree.sum().float(),
             torch.where(m, weights.float(), zero).sum(),
             (from_rollout & m).sum().float(),
+            decisions_differ.sum().float(),
         ])
         stats = self.accelerator.reduce(stats, reduction="sum")
         n = stats[0].clamp_min(1)
@@ -433,6 +439,7 @@ class DPPOMaskTrainer(RLDFTrainer):
         metrics["dppo/is_weight_mean"].append((stats[8] / n).item())
         metrics["dppo/mu_from_rollout"].append((stats[9] / n).item())
         metrics["dppo/mu_from_old"].append(((stats[0] - stats[9]) / n).item())
+        metrics["dppo/mask_disagree_frac"].append((stats[10] / n).item())
 
     # ------------------------------------------------------------------------------------------ causal LMs
     def _compute_causal_loss(self, model, inputs):
