@@ -178,17 +178,17 @@ def main(argv=None):
         f"threshold {args.threshold}, static steps {args.steps}, logit std {args.logit_std}, "
         f"best of {args.repeats}\n"
     )
-    print("| cache | unmasking | tokens/s | NFE | seconds | × no cache | peak mem (GiB) | tokens/step | = no-cache tokens |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| cache | unmasking | tokens/s | NFE | seconds | ms/step | × no cache | peak mem (GiB) | tokens/step | = no-cache tokens |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     tokens = args.batch * args.gen_length
     for unmasking, cache in modes:
         out, seconds, peak = results[(unmasking, cache)]
         reference = results.get((unmasking, "none"))
         ratio = f"{reference[1] / seconds:.2f}" if reference else "–"
         agree = f"{(out.completion_ids == reference[0].completion_ids).float().mean().item():.0%}" if reference else "–"
-        per_step = (args.gen_length / out.num_steps.float()).mean().item()
+        per_step = tokens / out.num_steps.sum().item()  # committed tokens per row-step
         print(
-            f"| {cache} | {unmasking} | {tokens / seconds:.1f} | {out.nfe} | {seconds:.2f} | {ratio} | "
+            f"| {cache} | {unmasking} | {tokens / seconds:.1f} | {out.nfe} | {seconds:.2f} | {1000 * seconds / out.nfe:.1f} | {ratio} | "
             f"{peak:.2f} | {per_step:.2f} | {agree} |"
         )
 

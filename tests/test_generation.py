@@ -347,15 +347,18 @@ def test_cached_step_after_refresh_equals_full_forward(kind, cache):
         partly = torch.rand(3, block, generator=filler) < 0.5  # some of the block already decoded
         canvas[:, start:end][partly] = torch.randint(2, MASK, (int(partly.sum()),), generator=filler)
         logit_index = torch.arange(start - shift, end - shift)
+        decoder, head = model.get_decoder(), model.get_output_embeddings()
         with torch.no_grad():
             reference = model(input_ids=canvas, attention_mask=key_mask).logits[:, logit_index]
             window = _block_window(cache, start, end, total, shift, canvas.device)
-            refreshed, kv = _full_forward(model, canvas, key_mask.bool(), logit_index, window, mask_dtype)
-            torch.testing.assert_close(refreshed, reference, **TOL)
+            hidden, kv = _full_forward(decoder, canvas, key_mask.bool(), window, mask_dtype)
+            torch.testing.assert_close(head(hidden[:, logit_index]), reference, **TOL)
             kept = window.cached.numel()
             assert kv.get_seq_length() == kept
             for _ in range(2):  # the second call checks that the window's keys were dropped again
-                cached = _cached_forward(model, canvas, key_mask.bool(), kv, window, logit_index, mask_dtype)
+                hidden = _cached_forward(decoder, canvas, key_mask.bool(), kv, window, mask_dtype)
+                assert hidden.shape[1] == window.end - window.start
+                cached = head(hidden[:, logit_index - window.start])
                 torch.testing.assert_close(cached, reference, rtol=1e-4, atol=1e-5)
                 assert kv.get_seq_length() == kept
 
@@ -363,25 +366,33 @@ def test_cached_step_after_refresh_equals_full_forward(kind, cache):
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("cache", CACHES)
 def test_cache_mode_feeds_only_its_window(kind, cache):
+    """The decoder sees the whole canvas at a block's first step and then only the cache mode's window;
+    the LM head sees exactly the positions the step reads (each row's still-masked block positions)."""
     model = make_model(kind, layers=1)
     prompt_len, gen, block = 5, 16, 8
-    lengths = []
-    handle = model.model.register_forward_pre_hook(
-        lambda module, args, kwargs: lengths.append(kwargs["input_ids"].shape[1]), with_kwargs=True
-    )
+    fed, read = [], []
+    hooks = [
+        model.get_decoder().register_forward_pre_hook(
+            lambda module, args, kwargs: fed.append(kwargs["input_ids"].shape[1]), with_kwargs=True
+        ),
+        model.get_output_embeddings().register_forward_pre_hook(lambda module, args: read.append(args[0].shape[0])),
+    ]
     try:
-        out, seen = run(model, prompts(2, prompt_len), cache=cache)
+        out, seen = run(model, prompts(3, prompt_len), cache=cache)
     finally:
-        handle.remove()
-    assert len(lengths) == out.nfe
+        for hook in hooks:
+            hook.remove()
+    assert len(fed) == len(read) == out.nfe
     shift = 1 if kind == "dream" else 0
     total = prompt_len + gen
     previous = None
-    for (_, canvas), length in zip(seen, lengths):
-        block_index = int((canvas[:, prompt_len:] == MASK).any(0).int().argmax()) // block
+    for (_, canvas), length, positions in zip(seen, fed, read):
+        masked = canvas[:, prompt_len:] == MASK
+        block_index = int(masked.any(0).int().argmax()) // block
         start = prompt_len + block_index * block
         window = {"none": total, "prefix": total - start + shift, "dual": block + shift}[cache]
         assert length == (total if block_index != previous else window)  # a full forward starts each block
+        assert positions == int(masked[:, block_index * block : (block_index + 1) * block].sum())
         previous = block_index
 
 

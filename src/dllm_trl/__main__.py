@@ -16,11 +16,12 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog="python -m dllm_trl", description=__doc__.split("\n\n")[0])
     parser.add_argument("--output-dir", default="outputs/toy-rldf", help="Where logs, the plot and the model go.")
     parser.add_argument("--max-steps", type=int, default=60, help="Optimizer steps.")
-    parser.add_argument("--learning-rate", type=float, default=3e-4)
+    parser.add_argument("--learning-rate", type=float, default=3e-5)
     parser.add_argument("--num-generations", type=int, default=8, help="Completions per prompt (group size).")
     parser.add_argument("--prompts-per-step", type=int, default=4)
     parser.add_argument("--num-sampled-timesteps", type=int, default=4, help="k of weighted timestep sampling.")
     parser.add_argument("--beta", type=float, default=0.0, help="k3-KL weight.")
+    parser.add_argument("--temperature", type=float, default=1.0, help="Rollout sampling temperature.")
     parser.add_argument("--eval-size", type=int, default=200, help="Held-out problems for greedy accuracy.")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--save-model", action="store_true", help="Also save the trained checkpoint.")
@@ -51,7 +52,7 @@ def main(argv=None) -> dict:
     from .toy import evaluate_accuracy, load_toy, toy_dataset, toy_generation_config, toy_reward
     from .trainers import RLDFConfig, RLDFTrainer
 
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     os.makedirs(args.output_dir, exist_ok=True)
     model, tokenizer = load_toy()
     held_out = toy_dataset("test", size=args.eval_size)
@@ -66,7 +67,7 @@ def main(argv=None) -> dict:
         block_length=gen.block_length,
         unmasking_threshold=gen.threshold,
         cache_mode="dual",
-        temperature=1.0,
+        temperature=args.temperature,
         num_generations=args.num_generations,
         per_device_train_batch_size=args.num_generations * args.prompts_per_step,
         num_sampled_timesteps=args.num_sampled_timesteps,
@@ -97,7 +98,7 @@ def main(argv=None) -> dict:
 
     logs = [entry for entry in trainer.state.log_history if "reward" in entry]
     rewards = [entry["reward"] for entry in logs]
-    print("\nmean reward per step (rollouts at temperature 1):")
+    print(f"\nmean reward per step (rollouts at temperature {args.temperature}):")
     print(ascii_curve(rewards))
     plot_path = os.path.join(args.output_dir, "reward_curve.png")
     _plot(rewards, before["accuracy"], after["accuracy"], plot_path)

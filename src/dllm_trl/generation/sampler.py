@@ -1,7 +1,7 @@
 """Block-wise masked-diffusion decoding with a Fast-dLLM-style KV cache that records the denoising
 trajectory (SPEC §1.1–1.3).
 
-The loop: for each block, refresh the cache with one full forward (whose logits also serve the block's
+The loop: for each block, refresh the cache with one full forward (whose output also serves the block's
 first step), then repeat {read the block's still-masked positions, draw a candidate and its confidence per
 position, commit some of them} until the block is decoded. Rows of a batch advance in lock-step; a row
 whose block is done simply commits nothing.
@@ -126,51 +126,47 @@ def _block_window(cache_mode: str, start: int, end: int, total: int, shift: int,
     return _Window(win_start, win_end, cached)
 
 
-def _model_forward(model, ids, positions, key_mask, cache, logit_index, use_cache, mask_dtype):
+def _decode(decoder, ids, positions, key_mask, cache, use_cache, mask_dtype):
+    """Last hidden states of ``ids`` at ``positions`` (shared by all rows), attending to the keys of
+    ``key_mask`` (cached keys first)."""
     batch = ids.shape[0]
     mask = attention_mask_4d(key_mask, batch, ids.shape[1], key_mask.shape[1], ids.device, mask_dtype)
-    out = model(
+    out = decoder(
         input_ids=ids,
         attention_mask=mask,
         position_ids=positions.unsqueeze(0).expand(batch, -1),
         past_key_values=cache,
         use_cache=use_cache,
-        logits_to_keep=logit_index,
     )
-    return out.logits, out.past_key_values
+    return out.last_hidden_state, out.past_key_values
 
 
-def _full_forward(model, canvas, key_mask, logit_index, window: _Window | None, mask_dtype):
-    """Forward over the whole canvas; logits at canvas positions ``logit_index``.
+def _full_forward(decoder, canvas, key_mask, window: _Window | None, mask_dtype):
+    """Hidden states of the whole canvas (B, P+G, d).
 
     With a ``window`` it also (re)builds the block's cache: post-RoPE keys/values of the positions outside
     the window, taken from this very forward (so the next cached step starts exact).
     """
     positions = torch.arange(canvas.shape[1], device=canvas.device)
-    logits, cache = _model_forward(
-        model, canvas, positions, key_mask, None, logit_index, use_cache=window is not None, mask_dtype=mask_dtype
-    )
+    hidden, cache = _decode(decoder, canvas, positions, key_mask, None, window is not None, mask_dtype)
     if window is not None:
         for layer in cache.layers:
             layer.keys = layer.keys.index_select(-2, window.cached)
             layer.values = layer.values.index_select(-2, window.cached)
-    return logits, cache
+    return hidden, cache
 
 
-def _cached_forward(model, canvas, key_mask, cache, window: _Window, logit_index, mask_dtype):
-    """Forward over the window only, attending to the cached keys too; logits at canvas positions
-    ``logit_index`` (inside the window). The window's own keys/values are dropped again afterwards."""
+def _cached_forward(decoder, canvas, key_mask, cache, window: _Window, mask_dtype):
+    """Hidden states of the window only (B, window.end - window.start, d), attending to the cached keys
+    too. The window's own keys/values are dropped again afterwards."""
     keys = torch.cat([key_mask[:, window.cached], key_mask[:, window.start : window.end]], dim=1)
     positions = torch.arange(window.start, window.end, device=canvas.device)
-    logits, cache = _model_forward(
-        model, canvas[:, window.start : window.end], positions, keys, cache, logit_index - window.start,
-        use_cache=True, mask_dtype=mask_dtype,
-    )
+    hidden, cache = _decode(decoder, canvas[:, window.start : window.end], positions, keys, cache, True, mask_dtype)
     kept = window.cached.numel()
     for layer in cache.layers:
         layer.keys = layer.keys[..., :kept, :]
         layer.values = layer.values[..., :kept, :]
-    return logits
+    return hidden
 
 
 def _dense_step_ranks(commit_step: torch.Tensor, total_steps: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -196,6 +192,10 @@ def diffusion_generate(
     """Decode ``gen_length`` tokens after left-padded prompts and record the denoising trajectory.
 
     ``step_callback(step, canvas)``, if given, sees the canvas (B, P+G) before every lock-step step.
+
+    The logits are ``model.get_output_embeddings()`` applied to the last hidden state of
+    ``model.get_decoder()`` (as in LLaDA, Dream and every Llama/Qwen2-style model; models that rescale or
+    soft-cap their logits are not supported), so that the head runs only at the positions a step reads.
     """
     cfg = generation_config or DiffusionGenerationConfig()
     config = diffusion_config(model)
@@ -223,6 +223,7 @@ def diffusion_generate(
     topk_ids = torch.zeros(batch, gen, topk, dtype=torch.long, device=device) if topk else None
     topk_logps = torch.full((batch, gen, topk), float("-inf"), device=device) if topk else None
     mask_dtype = mask_dtype_for(model, model.get_input_embeddings().weight.dtype)
+    decoder, head = model.get_decoder(), model.get_output_embeddings()
     eos_tensor = torch.tensor(eos_ids, device=device)
     steps_per_block = cfg.total_steps // cfg.num_blocks
     schedule = static_schedule(block, steps_per_block) if cfg.unmasking == "static" else None
@@ -236,46 +237,49 @@ def diffusion_generate(
         step_in_block = 0
         while True:
             block_masked = canvas[:, start:end] == mask_id
-            columns = block_masked.any(0).nonzero().squeeze(1)  # one host sync per step
-            if columns.numel() == 0 or (schedule is not None and step_in_block == len(schedule)):
+            rows, columns = block_masked.nonzero(as_tuple=True)  # one host sync per step
+            if rows.numel() == 0 or (schedule is not None and step_in_block == len(schedule)):
                 break
             if step_in_block == block:  # every step commits ≥ 1 token, so this would loop forever
                 raise RuntimeError(f"block {block_index} still has masks after {block} steps: no token was committed.")
             if step_callback is not None:
                 step_callback(step, canvas)
-            # A shifted model predicts position j from the output at j - 1.
-            logit_index = start - shift + columns
             if cache is None:
                 # Without a cache every step is a full forward; with one, the block's first step refreshes it.
-                logits, cache = _full_forward(model, canvas, key_mask, logit_index, window, mask_dtype)
+                hidden, cache = _full_forward(decoder, canvas, key_mask, window, mask_dtype)
+                first = 0
             else:
-                logits = _cached_forward(model, canvas, key_mask, cache, window, logit_index, mask_dtype)
+                hidden = _cached_forward(decoder, canvas, key_mask, cache, window, mask_dtype)
+                first = window.start
             nfe += 1
-
+            # The LM head and the softmax over the vocabulary dominate small shapes: apply them only where
+            # this step reads, each row's still-masked block positions. A shifted model predicts position j
+            # from the output at j - 1.
+            logits = head(hidden[rows, start - shift - first + columns])
             candidate, confidence, log_probs = _draw_candidates(
                 logits.float(), mask_id, cfg.temperature, cfg.top_p, cfg.top_k, sampling, generator
             )
-            masked = block_masked[:, columns]
-            score = confidence.masked_fill(~masked, -1.0)
+            score = torch.full((batch, block), -1.0, device=device).index_put_((rows, columns), confidence)
             if schedule is None:
-                commit = masked & (confidence >= cfg.threshold)
+                commit = block_masked & (score >= cfg.threshold)
                 best = torch.zeros_like(commit).scatter_(1, score.argmax(1, keepdim=True), True)
-                commit |= best & masked & ~commit.any(1, keepdim=True)
+                commit |= best & block_masked & ~commit.any(1, keepdim=True)
             else:
-                count = min(schedule[step_in_block], columns.numel())
-                chosen = torch.topk(score, count, dim=1).indices
-                commit = torch.zeros_like(masked).scatter_(1, chosen, True) & masked
+                chosen = torch.topk(score, schedule[step_in_block], dim=1).indices
+                commit = torch.zeros_like(block_masked).scatter_(1, chosen, True) & block_masked
 
-            region = canvas[:, start:end]
-            region[:, columns] = torch.where(commit, candidate.to(canvas.dtype), region[:, columns])
-            offset = start - prompt_len + columns
-            commit_step[:, offset] = torch.where(commit, step, commit_step[:, offset])
-            commit_prob[:, offset] = torch.where(commit, confidence, commit_prob[:, offset])
+            drawn = torch.zeros_like(block_masked, dtype=canvas.dtype).index_put_((rows, columns), candidate)
+            canvas[:, start:end] = torch.where(commit, drawn, canvas[:, start:end])
+            offset = start - prompt_len
+            span = slice(offset, offset + block)  # the block in completion coordinates
+            commit_step[:, span] = torch.where(commit, step, commit_step[:, span])
+            commit_prob[:, span] = torch.where(commit, score, commit_prob[:, span])
             if topk:
                 values, ids = log_probs.topk(topk, dim=-1)
-                keep = commit.unsqueeze(-1)
-                topk_ids[:, offset] = torch.where(keep, ids, topk_ids[:, offset])
-                topk_logps[:, offset] = torch.where(keep, values, topk_logps[:, offset])
+                keep = commit[rows, columns].unsqueeze(-1)
+                at = (rows, offset + columns)
+                topk_ids[at] = torch.where(keep, ids, topk_ids[at])
+                topk_logps[at] = torch.where(keep, values, topk_logps[at])
             step += 1
             step_in_block += 1
 

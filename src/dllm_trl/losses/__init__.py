@@ -2,7 +2,6 @@
 
 from .rldf import (
     INVALID_STEP,
-    aggregate_step_losses,
     clean_target_mask,
     k3_kl,
     noisy_state,
@@ -14,7 +13,6 @@ from .rldf import (
 
 __all__ = [
     "INVALID_STEP",
-    "aggregate_step_losses",
     "clean_target_mask",
     "k3_kl",
     "noisy_state",

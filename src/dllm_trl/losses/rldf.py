@@ -114,25 +114,3 @@ def policy_token_terms(
     ratio = torch.exp(logps - old_logps)
     clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
     return -torch.min(ratio * advantages, clipped * advantages), ratio
-
-
-def aggregate_step_losses(
-    token_losses: torch.Tensor,
-    target_mask: torch.Tensor,
-    step_valid: torch.Tensor,
-    normalization: str,
-) -> torch.Tensor:
-    """Aggregate per-token losses of (B, k, G) into a scalar (Eq. 10 / Eq. 13).
-
-    ``"sample"``: ``(1/B) Σ_b (1/|S_b|) Σ_{t∈S_b} (1/|Ô_t|) Σ_{i∈Ô_t} ℓ_i`` (rows with no valid step count
-    as zero). ``"token"``: every target token of the batch weighs the same. Empty sets give 0, never NaN.
-    """
-    mask = target_mask & step_valid.unsqueeze(-1)
-    masked = token_losses * mask
-    if normalization == "token":
-        return masked.sum() / mask.sum().clamp_min(1)
-    if normalization != "sample":
-        raise ValueError(f"normalization={normalization!r}: expected 'token' or 'sample'.")
-    per_step = masked.sum(-1) / mask.sum(-1).clamp_min(1)
-    per_row = (per_step * step_valid).sum(-1) / step_valid.sum(-1).clamp_min(1)
-    return per_row.sum() / max(token_losses.shape[0], 1)

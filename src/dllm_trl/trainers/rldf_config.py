@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig
 
 from ..generation.config import CACHE_MODES, SAMPLING_STYLES, UNMASKING_MODES, DiffusionGenerationConfig
+from ..losses.estimators import ESTIMATORS
 
 
 @dataclass
@@ -47,6 +48,19 @@ class RLDFConfig(GRPOConfig):
         drop_zero_variance_groups (`bool`, *optional*, defaults to `True`):
             Skip the loss of groups whose rewards are all equal (paper App. C.3). Batch shapes are kept: the
             rows stay but contribute no forward pass and no loss.
+        policy_estimator (`str`, *optional*, defaults to `"rldf"`):
+            How the per-token policy `log π(o_i | ·)` is estimated (paper 1 App. A, SPEC §2.4; see
+            `dllm_trl.losses.estimators`): `"rldf"` (the `k` sampled states `o_t`, clipped clean targets `Ô_t`),
+            `"sequential"` (the same states, targets `I_t` only: the x_{t−1} variant), `"all_masking"` (d1: one
+            state with the whole completion masked, every valid token a target) or `"random_masking"` (one state
+            masking each completion position with a per-row ratio `t ~ U(ε, 1]`, the masked valid tokens as
+            targets, weighted by their inverse masking probability ≈ `1/t`). Masks derive from a per-row seed
+            carried in the batch, so old, reference and current passes see the same states.
+        prompt_mask_prob (`float`, *optional*, defaults to `0.0`):
+            `"all_masking"` only: probability with which each prompt token is masked (d1 uses 0.15).
+        complementary_masking (`bool`, *optional*, defaults to `False`):
+            `"random_masking"` only: add a second state that masks exactly the positions the first leaves
+            visible (a complementary pair: every valid token is a target of exactly one of the two).
     """
 
     block_length: int = field(default=32, metadata={"help": "Block size of block-wise diffusion decoding."})
@@ -69,6 +83,21 @@ class RLDFConfig(GRPOConfig):
     loss_normalization: str = field(default="token", metadata={"help": "'token' or 'sample' normalisation."})
     drop_zero_variance_groups: bool = field(
         default=True, metadata={"help": "Skip the loss of groups whose rewards are all equal (App. C.3)."}
+    )
+    policy_estimator: str = field(
+        default="rldf",
+        metadata={
+            "help": "Per-token policy estimator: 'rldf' (sampled states, clipped clean targets), 'sequential' (same "
+            "states, targets I_t: x_{t-1}), 'all_masking' (d1: completion fully masked) or 'random_masking' "
+            "(ELBO-style random mask ratio, 1/t weights).",
+            "choices": list(ESTIMATORS),
+        },
+    )
+    prompt_mask_prob: float = field(
+        default=0.0, metadata={"help": "'all_masking' only: probability of masking each prompt token (d1: 0.15)."}
+    )
+    complementary_masking: bool = field(
+        default=False, metadata={"help": "'random_masking' only: add the complementary mask as a second state."}
     )
     # Paper 1 App. C values for fields GRPOConfig already has.
     num_generations: int | None = field(default=4, metadata={"help": "Completions per prompt (paper: 4)."})
@@ -104,6 +133,20 @@ class RLDFConfig(GRPOConfig):
             raise ValueError(f"loss_normalization={self.loss_normalization!r}: expected 'token' or 'sample'.")
         if self.beta < 0:
             raise ValueError(f"beta={self.beta} must be ≥ 0.")
+        if self.policy_estimator not in ESTIMATORS:
+            raise ValueError(f"policy_estimator={self.policy_estimator!r}: expected one of {ESTIMATORS}.")
+        if math.isnan(self.prompt_mask_prob) or not 0.0 <= self.prompt_mask_prob < 1.0:
+            raise ValueError(f"prompt_mask_prob={self.prompt_mask_prob} must lie in [0, 1).")
+        if self.prompt_mask_prob > 0 and self.policy_estimator != "all_masking":
+            raise ValueError(
+                f"prompt_mask_prob={self.prompt_mask_prob} applies to policy_estimator='all_masking' only "
+                f"(got {self.policy_estimator!r})."
+            )
+        if self.complementary_masking and self.policy_estimator != "random_masking":
+            raise ValueError(
+                f"complementary_masking=True applies to policy_estimator='random_masking' only "
+                f"(got {self.policy_estimator!r})."
+            )
         if self.use_vllm:
             raise ValueError("use_vllm=True: diffusion rollouts run in the trainer; set use_vllm=False.")
         if self.sync_ref_model:

@@ -10,6 +10,10 @@ logging, PEFT, distributed — is TRL's own):
 * ``_generate_and_score_completions``: attaches the trajectory tensors to the batch, so TRL's splitting and
   shuffling keep each row aligned with its trajectory.
 * ``_compute_loss``: the RLDF loss (Alg. 3, Eq. 7–10), one sampled step at a time.
+
+``args.policy_estimator`` swaps the states / targets / weights for the baselines of paper 1 App. A (SPEC §2.4,
+:mod:`dllm_trl.losses.estimators`); ``sampled_steps`` then holds state ids, and every random mask derives from the
+row's ``mask_seed`` carried in the batch.
 """
 
 from __future__ import annotations
@@ -26,21 +30,35 @@ from trl.models import prepare_deepspeed, prepare_fsdp, unwrap_model_for_generat
 from trl.trainer.utils import disable_dropout_in_model, pad
 
 from ..generation.sampler import diffusion_generate
-from ..losses.rldf import (
-    INVALID_STEP,
-    clean_target_mask,
-    k3_kl,
-    noisy_state,
-    policy_token_terms,
-    sample_timesteps,
-    step_uncertainty,
-)
+from ..losses.estimators import TRAJECTORY_ESTIMATORS, estimator_state, estimator_steps, estimator_targets
+from ..losses.rldf import INVALID_STEP, k3_kl, policy_token_terms, sample_timesteps, step_uncertainty
 from ..models.bidirectional import diffusion_config, make_bidirectional
 from ..models.loading import load_diffusion_model
 from ..models.scoring import completion_token_logps
 from .rldf_config import RLDFConfig
 
 TRAJECTORY_KEYS = ("rollout_prompt_ids", "rollout_prompt_mask", "rollout_ids", "commit_step", "valid_mask", "sampled_steps")
+MASK_SEED_OFFSET = 7919
+"""The generator of the rows' ``mask_seed`` is seeded ``args.seed + MASK_SEED_OFFSET`` (+ a per-process offset)."""
+
+
+def _state_inputs(batch, rows, j, mask_token_id, args):
+    """``(prompt_ids, prompt_mask, completion state)`` of state ``j`` of the given rows under ``args.policy_estimator``
+    (the sampled ``o_t`` for RLDF, see :func:`~dllm_trl.losses.estimators.estimator_state`)."""
+    seed = batch.get("mask_seed")
+    prompt_ids, state = estimator_state(
+        args.policy_estimator,
+        rollout_ids=batch["rollout_ids"][rows],
+        commit_step=batch["commit_step"][rows],
+        valid_mask=batch["valid_mask"][rows],
+        step=batch["sampled_steps"][rows, j],
+        prompt_ids=batch["rollout_prompt_ids"][rows],
+        prompt_mask=batch["rollout_prompt_mask"][rows],
+        mask_token_id=mask_token_id,
+        mask_seed=None if seed is None else seed[rows],
+        prompt_mask_prob=args.prompt_mask_prob,
+    )
+    return prompt_ids, batch["rollout_prompt_mask"][rows], state
 
 
 class RLDFTrainer(GRPOTrainer):
@@ -61,6 +79,11 @@ class RLDFTrainer(GRPOTrainer):
         for unsupported in ("tools", "rollout_func", "environment_factory"):
             if kwargs.get(unsupported) is not None:
                 raise ValueError(f"{unsupported}= is not supported by diffusion trainers.")
+        if args.policy_estimator not in TRAJECTORY_ESTIMATORS and type(self)._step_loss is not RLDFTrainer._step_loss:
+            raise ValueError(
+                f"policy_estimator={args.policy_estimator!r} is not supported by {type(self).__name__}: it builds "
+                f"its own states at the sampled denoising steps; use one of {TRAJECTORY_ESTIMATORS}."
+            )
         if isinstance(model, str):
             model = load_diffusion_model(model, **dict(args.model_init_kwargs or {}))
         make_bidirectional(model)
@@ -83,6 +106,9 @@ class RLDFTrainer(GRPOTrainer):
         device = self.accelerator.device
         self._rollout_generator = torch.Generator(device=device)
         self._rollout_generator.manual_seed(args.seed + 1000003 * self.accelerator.process_index)
+        # A generator of its own, so that drawing the rows' mask seeds leaves the rollouts' random stream untouched.
+        self._mask_seed_generator = torch.Generator()
+        self._mask_seed_generator.manual_seed(args.seed + MASK_SEED_OFFSET + 1000003 * self.accelerator.process_index)
         self._rollout = None
 
     def _prepare_reference(self, reference: PreTrainedModel) -> PreTrainedModel:
@@ -134,13 +160,18 @@ class RLDFTrainer(GRPOTrainer):
         )
         picked = sampled.clamp_min(0)
         sampled_weight = uncertainty.gather(1, picked)[sampled != INVALID_STEP]
+        rows = output.completion_ids.shape[0]
+        mask_seed = torch.randint(0, 2**62, (rows,), generator=self._mask_seed_generator).to(device)
         self._rollout = {
             "rollout_prompt_ids": prompt_tensor,
             "rollout_prompt_mask": prompt_mask,
             "rollout_ids": output.completion_ids,
             "commit_step": output.commit_step,
             "valid_mask": output.completion_mask,
-            "sampled_steps": sampled,
+            "sampled_steps": estimator_steps(
+                self.args.policy_estimator, sampled, output.completion_mask, mask_seed, self.args.complementary_masking
+            ),
+            "mask_seed": mask_seed,
         }
         if output.topk_ids is not None:
             # Only when the sampler records the behaviour distribution (record_topk > 0, e.g. DPPOMaskTrainer): the
@@ -187,11 +218,8 @@ class RLDFTrainer(GRPOTrainer):
         for j in range(k) if step_index is None else [step_index]:
             active = (sampled[:, j] != INVALID_STEP).nonzero().squeeze(1)
             for part in active.split(chunk) if active.numel() else ():
-                state = noisy_state(batch["rollout_ids"][part], batch["commit_step"][part], sampled[part, j], mask_id)
-                out[part, j] = completion_token_logps(
-                    model, batch["rollout_prompt_ids"][part], batch["rollout_prompt_mask"][part], state,
-                    batch["rollout_ids"][part],
-                )
+                prompt_ids, prompt_mask, state = _state_inputs(batch, part, j, mask_id, self.args)
+                out[part, j] = completion_token_logps(model, prompt_ids, prompt_mask, state, batch["rollout_ids"][part])
         return out
 
     def _generate_and_score_completions(self, inputs):
@@ -209,24 +237,37 @@ class RLDFTrainer(GRPOTrainer):
         # Clean targets (Alg. 3) read π_old, the policy that produced the batch; fixing them now makes the
         # batch's target count known before the loss, so each sampled step can be backpropagated on its own.
         old_logps = output.get("old_per_token_logps")
-        if old_logps is None:
+        if old_logps is None and self.args.policy_estimator == "rldf":  # the other estimators' targets ignore π_old
             with torch.no_grad():
                 old_logps = self._logps_at_sampled_states(self.model, output, batch_size=self.args.per_device_train_batch_size)
         output["target_mask"] = self._target_mask(output, old_logps)
-        output["num_target_tokens"] = self.accelerator.gather(output["target_mask"].sum()).sum()
+        if "target_weight" in output:  # per-token weights (random masking): counts are weighted counts
+            output["num_target_tokens"] = self.accelerator.gather(output["target_weight"].sum()).sum()
+        else:
+            output["num_target_tokens"] = self.accelerator.gather(output["target_mask"].sum()).sum()
         return output
 
     def _target_mask(self, batch, old_logps):
-        """Ô_t (B, k, G) for every sampled step; empty for padding steps."""
+        """Ô_t (B, k, G) for every sampled step (the estimator's targets of every state); empty for padding steps.
+
+        Estimators with per-token weights (random masking) also store ``batch["target_weight"]`` (B, k, G).
+        """
         sampled = batch["sampled_steps"]
-        masks = [
-            clean_target_mask(
-                batch["commit_step"], batch["valid_mask"], sampled[:, j], old_logps[:, j].exp(),
-                self.args.clean_target_threshold,
+        masks, weights = [], []
+        for j in range(sampled.shape[1]):
+            targets, weight = estimator_targets(
+                self.args.policy_estimator,
+                commit_step=batch["commit_step"],
+                valid_mask=batch["valid_mask"],
+                step=sampled[:, j],
+                mask_seed=batch.get("mask_seed"),
+                clean_prob=None if old_logps is None else old_logps[:, j].exp(),
+                clean_threshold=self.args.clean_target_threshold,
             )
-            & (sampled[:, j : j + 1] != INVALID_STEP)
-            for j in range(sampled.shape[1])
-        ]
+            masks.append(targets)
+            weights.append(weight)
+        if weights and weights[0] is not None:
+            batch["target_weight"] = torch.stack(weights, dim=1)
         return torch.stack(masks, dim=1)
 
     # --------------------------------------------------------------------------------------------------- loss
@@ -271,10 +312,9 @@ class RLDFTrainer(GRPOTrainer):
         sampled = inputs["sampled_steps"]
         active = (sampled[:, j] != INVALID_STEP).nonzero().squeeze(1)
         rollout_ids = inputs["rollout_ids"][active]
-        state = noisy_state(rollout_ids, inputs["commit_step"][active], sampled[active, j], diffusion_config(model).mask_token_id)
-        logps = completion_token_logps(
-            model, inputs["rollout_prompt_ids"][active], inputs["rollout_prompt_mask"][active], state, rollout_ids
-        )
+        mask_id = diffusion_config(model).mask_token_id
+        prompt_ids, prompt_mask, state = _state_inputs(inputs, active, j, mask_id, self.args)
+        logps = completion_token_logps(model, prompt_ids, prompt_mask, state, rollout_ids)
         old_all, ref_all = inputs.get("old_per_token_logps"), inputs.get("ref_per_token_logps")
         old = None if old_all is None else old_all[active, j]
         terms, ratio = policy_token_terms(logps, inputs["advantages"][active], old, self.epsilon_low, self.epsilon_high)
@@ -285,6 +325,8 @@ class RLDFTrainer(GRPOTrainer):
         if ratio is not None:
             ratio_all[active, j] = ratio.detach()
         weights = normalizer[active, j].unsqueeze(-1)
+        if "target_weight" in inputs:
+            weights = weights * inputs["target_weight"][active, j]
         return (terms * inputs["target_mask"][active, j] * weights).sum()
 
     def _loss_normalizer(self, inputs, mode) -> torch.Tensor:
@@ -301,7 +343,7 @@ class RLDFTrainer(GRPOTrainer):
             if mode == "train":
                 count = count * accumulation / self.args.steps_per_generation
             return torch.ones(sampled.shape, device=sampled.device) / count
-        per_step = targets.sum(-1).clamp(min=1)
+        per_step = (targets.sum(-1) if "target_weight" not in inputs else inputs["target_weight"].sum(-1)).clamp(min=1)
         steps = (sampled != INVALID_STEP).sum(-1, keepdim=True).clamp(min=1)
         return 1.0 / (per_step * steps * sampled.shape[0] * accumulation)
 
@@ -345,6 +387,8 @@ class RLDFTrainer(GRPOTrainer):
         super()._save_rng_state(output_dir)
         path = os.path.join(output_dir, f"rldf_generator_{self.accelerator.process_index}.pt")
         torch.save(self._rollout_generator.get_state(), path)
+        path = os.path.join(output_dir, f"rldf_mask_seed_generator_{self.accelerator.process_index}.pt")
+        torch.save(self._mask_seed_generator.get_state(), path)
 
     def _load_rng_state(self, checkpoint):
         super()._load_rng_state(checkpoint)
@@ -353,3 +397,6 @@ class RLDFTrainer(GRPOTrainer):
         path = os.path.join(checkpoint, f"rldf_generator_{self.accelerator.process_index}.pt")
         if os.path.isfile(path):
             self._rollout_generator.set_state(torch.load(path, weights_only=True))
+        path = os.path.join(checkpoint, f"rldf_mask_seed_generator_{self.accelerator.process_index}.pt")
+        if os.path.isfile(path):
+            self._mask_seed_generator.set_state(torch.load(path, weights_only=True))

@@ -1,0 +1,150 @@
+"""examples/: the accelerate configs parse, every script answers --help, and with no arguments each one runs
+on the toy model on CPU (two optimizer steps for the trainers) in a subprocess."""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import io
+import os
+import re
+import runpy
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from accelerate.commands.config.config_args import load_config_from_file
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+CONFIGS = EXAMPLES / "accelerate_configs"
+SCRIPTS = ["rldf_math.py", "rldf_code.py", "dppo_mask_math.py", "evaluate.py"]
+TIMEOUT = 240
+
+
+def run_example(args: list[str], cwd: Path, launcher: list[str] | None = None) -> str:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    command = (launcher or [sys.executable]) + args
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    return output
+
+
+@pytest.mark.parametrize(
+    "name, distributed_type, processes",
+    [
+        ("single_gpu", "NO", 1),
+        ("multi_gpu", "MULTI_GPU", 8),
+        ("deepspeed_zero2", "DEEPSPEED", 8),
+        ("deepspeed_zero3", "DEEPSPEED", 8),
+        ("fsdp", "FSDP", 8),
+    ],
+)
+def test_accelerate_configs(name, distributed_type, processes):
+    path = CONFIGS / f"{name}.yaml"
+    raw = yaml.safe_load(path.read_text())
+    assert raw["distributed_type"] == distributed_type and raw["num_processes"] == processes
+    config = load_config_from_file(str(path))  # accelerate's own loader rejects unknown keys
+    assert config.distributed_type.value == distributed_type
+    if name.startswith("deepspeed"):
+        assert config.deepspeed_config["zero_stage"] == int(name[-1])
+    if name == "fsdp":
+        fsdp = config.fsdp_config
+        assert fsdp["fsdp_version"] == 2 and fsdp["fsdp_auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
+        assert fsdp["fsdp_transformer_layer_cls_to_wrap"].split(",") == ["LlamaDecoderLayer", "Qwen2DecoderLayer"]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_help(script, monkeypatch):
+    monkeypatch.setattr(sys, "argv", [script, "--help"])
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout), pytest.raises(SystemExit) as exit_info:
+        runpy.run_path(str(EXAMPLES / script), run_name="__main__")
+    assert exit_info.value.code == 0
+    text = stdout.getvalue()
+    for flag in ("--model_name_or_path", "--load_in_4bit", "--use_peft"):
+        assert flag in text
+    if script.startswith("rldf"):
+        assert "--num_sampled_timesteps" in text and "--dataset_name" in text and "--max_sequence_length" in text
+    if script == "evaluate.py":
+        assert "--gen_lengths" in text and "--unmasking" in text
+
+
+def docstring_commands(script: str) -> list[list[str]]:
+    """The arguments after ``examples/<script>`` of every command in the script's docstring."""
+    lines = iter(ast.get_docstring(ast.parse((EXAMPLES / script).read_text())).splitlines())
+    commands = []
+    for line in lines:
+        if not re.match(r" {4}\S", line):
+            continue
+        while line.endswith("\\"):
+            line = line[:-1] + next(lines)
+        words = shlex.split(line)
+        if f"examples/{script}" in words:
+            commands.append(words[words.index(f"examples/{script}") + 1 :])
+    return commands
+
+
+@pytest.mark.parametrize("script", ["rldf_math.py", "rldf_code.py", "evaluate.py"])
+def test_docstring_commands_parse(script):
+    from trl import ModelConfig, TrlParser
+
+    from dllm_trl import RLDFConfig
+    from dllm_trl.data import DatasetArguments
+    from dllm_trl.evaluation import EvaluationArguments
+
+    trainer = (DatasetArguments, RLDFConfig, ModelConfig)
+    dataclasses = (EvaluationArguments, ModelConfig) if script == "evaluate.py" else trainer
+    commands = docstring_commands(script)
+    assert commands
+    for arguments in commands:
+        # argparse level: unknown flags and unparsable values fail; no config object is built (--bf16 needs a GPU).
+        TrlParser(dataclasses).parse_args(arguments)
+
+
+@pytest.mark.parametrize("script", ["rldf_math.py", "rldf_code.py"])
+def test_docstring_gives_paper_commands(script):
+    doc = ast.get_docstring(ast.parse((EXAMPLES / script).read_text()))
+    for needle in ("GSAI-ML/LLaDA-8B-Instruct", "Dream-org/Dream-v0-Instruct-7B", "--beta 0.01", "--beta 0.04",
+                   "--learning_rate 1e-6", "--num_sampled_timesteps 16", "--block_length 32",
+                   "--unmasking_threshold 0.9", "--clean_target_threshold 0.2", "--num_generations 4",
+                   "--max_sequence_length 320", "--max_sequence_length 256", "accelerate launch --config_file"):
+        assert needle in doc, needle
+
+
+def logged_rewards(output: str) -> list:
+    match = re.search(r"per logged step: (\[.*\])", output)
+    assert match, output[-2000:]
+    return ast.literal_eval(match.group(1))
+
+
+def test_rldf_math_runs_two_toy_steps(tmp_path):
+    assert len(logged_rewards(run_example([str(EXAMPLES / "rldf_math.py")], tmp_path))) == 2
+
+
+def test_rldf_code_runs_two_toy_steps(tmp_path):
+    output = run_example([str(EXAMPLES / "rldf_code.py")], tmp_path)
+    assert logged_rewards(output) == [0.0, 0.0]  # the toy model writes no code
+
+
+def test_dppo_mask_math_runs_two_toy_steps(tmp_path):
+    output = run_example([str(EXAMPLES / "dppo_mask_math.py")], tmp_path)
+    # Its own summary: one dict of plain numbers per logged step (the trainer's log lines hold strings).
+    assert len(re.findall(r"^\{'loss': -?\d", output, flags=re.M)) == 2, output[-2000:]
+
+
+def test_evaluate_runs_on_the_toy(tmp_path):
+    output = run_example([str(EXAMPLES / "evaluate.py"), "--num_problems", "32"], tmp_path)
+    assert "| toy | dynamic |" in output and "| toy | static |" in output
+    assert {p.name for p in (tmp_path / "outputs" / "eval").iterdir()} >= {"results.json", "results.md", "results.png"}
+
+
+def test_accelerate_launch_single_gpu_config(tmp_path):
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / "single_gpu.yaml")]
+    output = run_example([str(EXAMPLES / "rldf_math.py"), "--max_steps", "1"], tmp_path, launcher)
+    assert len(logged_rewards(output)) == 1
