@@ -12,7 +12,7 @@ Real runs name a checkpoint and a dataset with ``prompt`` / ``answer`` columns (
 
     python examples/dppo_mask_math.py --model_name_or_path GSAI-ML/LLaDA-8B-Instruct --dtype bfloat16 \\
         --dataset_name <math dataset> --max_completion_length 256 --block_length 32 --divergence_top_k 20 \\
-        --max_steps 200 --per_device_train_batch_size 8 --learning_rate 1e-6 --bf16
+        --max_steps 200 --per_device_train_batch_size 8 --learning_rate 1e-6 --bf16 true
 """
 
 from __future__ import annotations
@@ -24,16 +24,11 @@ from datasets import load_dataset
 from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 from trl import ModelConfig, TrlParser, get_peft_config
 
+from dllm_trl.cli import toy_training_defaults
 from dllm_trl.models import build_tiny_llada
 from dllm_trl.rewards import math_reward
 from dllm_trl.toy import build_toy_tokenizer, load_toy, toy_dataset, toy_reward
 from dllm_trl.trainers import DPPOMaskConfig, DPPOMaskTrainer
-
-TOY_DEFAULTS = dict(
-    output_dir="dppo-mask-math", max_steps=2, max_completion_length=8, block_length=4, per_device_train_batch_size=8,
-    num_generations=4, learning_rate=1e-5, temperature=1.0, num_sampled_timesteps=4, divergence_top_k=8,
-    logging_steps=1, report_to="none", save_strategy="no", bf16=torch.cuda.is_available() and torch.cuda.is_bf16_supported(),
-)
 
 
 @dataclass
@@ -66,7 +61,10 @@ def toy_model(kind: str):
 
 def main():
     parser = TrlParser((ExampleArguments, DPPOMaskConfig, ModelConfig))
-    parser.set_defaults(**TOY_DEFAULTS)
+    parser.set_defaults(
+        **toy_training_defaults("outputs/dppo-mask-math", per_device_train_batch_size=8, learning_rate=1e-5,
+                                divergence_top_k=8)
+    )
     example, args, model_args = parser.parse_args_and_config()
 
     if model_args.model_name_or_path:

@@ -43,49 +43,21 @@ all-linear --load_in_4bit``; LoRA usually wants a larger learning rate than 1e-6
 
 from __future__ import annotations
 
-import torch
-from accelerate import PartialState
-from transformers import AutoTokenizer
-from trl import ModelConfig, TrlParser, get_peft_config, get_quantization_config
+from trl import ModelConfig, TrlParser, get_peft_config
 
-from dllm_trl import RLDFConfig, RLDFTrainer, load_diffusion_model
+from dllm_trl import RLDFConfig, RLDFTrainer
+from dllm_trl.cli import load_model_and_tokenizer, toy_training_defaults
 from dllm_trl.data import DatasetArguments
 from dllm_trl.rewards import math_reward
-from dllm_trl.toy import load_toy, toy_dataset, toy_reward
-
-TOY_DEFAULTS = dict(
-    output_dir="outputs/rldf-math", max_steps=2, max_completion_length=8, block_length=4, per_device_train_batch_size=4,
-    num_generations=4, num_sampled_timesteps=4, learning_rate=1e-4, beta=0.01, temperature=1.0, logging_steps=1,
-    report_to="none", save_strategy="no", bf16=torch.cuda.is_available() and torch.cuda.is_bf16_supported(),
-)
-
-
-def load_model(model_args: ModelConfig):
-    """The checkpoint named by ``--model_name_or_path`` (4-bit with ``--load_in_4bit``), or the toy model."""
-    if model_args.model_name_or_path is None:
-        return load_toy()
-    quantization_config = get_quantization_config(model_args)
-    model = load_diffusion_model(
-        model_args.model_name_or_path,
-        revision=model_args.model_revision,
-        dtype=model_args.dtype,
-        attn_implementation=model_args.attn_implementation,
-        quantization_config=quantization_config,
-        # A quantized model cannot be moved after loading: put it on this process's device now.
-        device_map={"": PartialState().local_process_index} if quantization_config is not None else None,
-    )
-    tokenizer = AutoTokenizer.from_pretrained(
-        model_args.model_name_or_path, revision=model_args.model_revision, padding_side="left"
-    )
-    return model, tokenizer
+from dllm_trl.toy import toy_dataset, toy_reward
 
 
 def main():
     parser = TrlParser((DatasetArguments, RLDFConfig, ModelConfig))
-    parser.set_defaults(**TOY_DEFAULTS)
+    parser.set_defaults(**toy_training_defaults("outputs/rldf-math"))
     data_args, training_args, model_args = parser.parse_args_and_config()
 
-    model, tokenizer = load_model(model_args)
+    model, tokenizer = load_model_and_tokenizer(model_args)
     if model_args.model_name_or_path is None and data_args.dataset_name is None:
         train_dataset, reward = toy_dataset("train", size=data_args.train_size), toy_reward
     else:

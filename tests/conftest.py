@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # tokenizers + fork (sandboxes, workers) can deadlock
 torch.set_num_threads(1)  # tiny matmuls: threads only add contention
 
 
@@ -42,3 +45,13 @@ def addition_dataset(n_a: int = 10, n_b: int = 3):
 def length_reward(completions, answer, **kwargs):
     """Dense toy reward: exact answer plus a small bonus for short completions."""
     return [float(c.strip() == a) + 0.1 * (8 - len(c)) for c, a in zip(completions, answer)]
+
+
+def pytest_collection_modifyitems(config, items):
+    """`slow` tests (minutes of training or pre-training) run only when selected with ``-m slow``."""
+    if "slow" in (config.getoption("markexpr") or ""):
+        return
+    skip = pytest.mark.skip(reason="slow: run with -m slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)

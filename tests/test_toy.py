@@ -224,7 +224,8 @@ def test_script_reproduces_the_shipped_checkpoint(tmp_path, request):
     pre-training, so it runs only when asked for: ``pytest -m slow tests/test_toy.py``."""
     if "slow" not in (request.config.getoption("markexpr") or ""):
         pytest.skip("pre-trains the toy model for minutes; run with -m slow")
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "pretrain_toy.py"), "--output-dir", str(tmp_path)], check=True)
+    script = ROOT / "scripts" / "pretrain_toy.py"
+    subprocess.run([sys.executable, str(script), "--output-dir", str(tmp_path)], check=True)
     shipped = toy_assets_dir()
     assert json.loads((tmp_path / "pretrain_summary.json").read_text()) == json.loads(
         (shipped / "pretrain_summary.json").read_text()

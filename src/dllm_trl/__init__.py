@@ -2,11 +2,13 @@
 
 from .generation import DiffusionGenerationConfig, DiffusionGenerationOutput, diffusion_generate
 from .models import load_diffusion_model
-from .trainers import RLDFConfig, RLDFTrainer
+from .trainers import DPPOMaskConfig, DPPOMaskTrainer, RLDFConfig, RLDFTrainer
 
 __version__ = "0.1.0.dev0"
 
 __all__ = [
+    "DPPOMaskConfig",
+    "DPPOMaskTrainer",
     "DiffusionGenerationConfig",
     "DiffusionGenerationOutput",
     "RLDFConfig",

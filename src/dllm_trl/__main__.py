@@ -28,6 +28,11 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
+def moving_average(values, window=10):
+    """Trailing mean over the last ``window`` values (shorter at the start)."""
+    return [sum(values[max(0, i - window + 1) : i + 1]) / len(values[max(0, i - window + 1) : i + 1]) for i in range(len(values))]
+
+
 def ascii_curve(values, width=60, height=10) -> str:
     """A small text plot of ``values`` (one column per step, resampled to ``width``)."""
     if not values:
@@ -98,8 +103,8 @@ def main(argv=None) -> dict:
 
     logs = [entry for entry in trainer.state.log_history if "reward" in entry]
     rewards = [entry["reward"] for entry in logs]
-    print(f"\nmean reward per step (rollouts at temperature {args.temperature}):")
-    print(ascii_curve(rewards))
+    print(f"\nmean rollout reward (temperature {args.temperature}), moving average over 10 steps:")
+    print(ascii_curve(moving_average(rewards)))
     plot_path = os.path.join(args.output_dir, "reward_curve.png")
     _plot(rewards, before["accuracy"], after["accuracy"], plot_path)
     summary = {
@@ -127,7 +132,9 @@ def _plot(rewards, accuracy_before, accuracy_after, path):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(range(1, len(rewards) + 1), rewards, label="mean rollout reward")
+    steps = range(1, len(rewards) + 1)
+    ax.plot(steps, rewards, alpha=0.35, label="mean rollout reward")
+    ax.plot(steps, moving_average(rewards), linewidth=2, label="moving average (10 steps)")
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("reward")
     ax.set_title(f"RLDF on the toy task: greedy accuracy {accuracy_before:.2f} → {accuracy_after:.2f}")

@@ -30,13 +30,12 @@ import datasets
 import evaluate
 import torch
 from tqdm.auto import tqdm
-from transformers import AutoTokenizer
-from trl import ModelConfig, TrlParser, get_quantization_config
+from trl import ModelConfig, TrlParser
 
 from .data import load_raw_dataset, prepare_dataset, resolve_format, task_reward
 from .generation import DiffusionGenerationConfig, diffusion_generate
-from .models import load_diffusion_model
-from .toy import decode_completions, encode_prompts, load_toy, toy_dataset, toy_reward
+from .cli import load_model_and_tokenizer
+from .toy import decode_completions, encode_prompts, toy_dataset, toy_reward
 
 PAPER_GEN_LENGTHS = (128, 256, 512)
 TOY_GEN_LENGTHS = (4, 8, 16)
@@ -282,35 +281,6 @@ class EvaluationArguments:
     system_prompt: str | None = field(default=None, metadata={"help": "Optional system message before each prompt."})
     device: str | None = field(default=None, metadata={"help": "Device (default: cuda when available, else cpu)."})
     output_dir: str = field(default="outputs/eval", metadata={"help": "Where results.{json,md,png} go."})
-
-
-def load_model_and_tokenizer(model_args: ModelConfig, device: str):
-    """The model named by ``model_args`` (the toy model when none), ready for decoding on ``device``."""
-    path = model_args.model_name_or_path
-    if path is None:
-        return load_toy(device)
-    quantization_config = get_quantization_config(model_args)
-    load_kwargs = dict(
-        revision=model_args.model_revision,
-        dtype=model_args.dtype,
-        attn_implementation=model_args.attn_implementation,
-        quantization_config=quantization_config,
-        device_map={"": device} if quantization_config is not None else None,
-    )
-    adapter = os.path.isfile(os.path.join(path, "adapter_config.json"))
-    if adapter:
-        from peft import PeftConfig, PeftModel
-
-        base = PeftConfig.from_pretrained(path).base_model_name_or_path
-        model = PeftModel.from_pretrained(load_diffusion_model(base, **load_kwargs), path)
-        if quantization_config is None:
-            model = model.merge_and_unload()
-    else:
-        model = load_diffusion_model(path, **load_kwargs)
-    if quantization_config is None:
-        model = model.to(device)
-    tokenizer = AutoTokenizer.from_pretrained(path, revision=model_args.model_revision, padding_side="left")
-    return model.eval(), tokenizer
 
 
 def build_tasks(args: EvaluationArguments, toy_model: bool) -> list[EvalTask]:

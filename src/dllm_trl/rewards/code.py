@@ -76,7 +76,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field

@@ -1,0 +1,63 @@
+"""Pieces shared by the example scripts and the evaluation CLI (TRL ``ModelConfig`` in, model out)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from accelerate import PartialState
+from transformers import AutoTokenizer
+from trl import ModelConfig, get_quantization_config
+
+from .models import load_diffusion_model
+from .toy import load_toy
+
+TOY_TRAINING_DEFAULTS = dict(
+    max_steps=2, max_completion_length=8, block_length=4, per_device_train_batch_size=4, num_generations=4,
+    num_sampled_timesteps=4, learning_rate=1e-4, beta=0.01, temperature=1.0, logging_steps=1, report_to="none",
+    save_strategy="no",
+)
+"""Training arguments of the scripts' no-argument run: two RLDF steps of the toy model on CPU."""
+
+
+def toy_training_defaults(output_dir: str, **overrides) -> dict:
+    """:data:`TOY_TRAINING_DEFAULTS` for a script writing to ``output_dir`` (bf16 where the GPU has it)."""
+    bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    return {**TOY_TRAINING_DEFAULTS, "output_dir": output_dir, "bf16": bf16, **overrides}
+
+
+def load_model_and_tokenizer(model_args: ModelConfig, device: str | None = None):
+    """The diffusion LM named by ``--model_name_or_path`` and its tokenizer; the toy model when none is named.
+
+    ``--load_in_4bit`` / ``--load_in_8bit`` quantise at load (placed on ``device``, or on this process's
+    device for training). A LoRA adapter folder loads on top of its base model (merged unless quantised).
+    With ``device`` the model is moved there and put in eval mode, ready for decoding.
+    """
+    path = model_args.model_name_or_path
+    if path is None:
+        return load_toy(device or "cpu")
+    quantization_config = get_quantization_config(model_args)
+    placement = device if device is not None else PartialState().local_process_index
+    load_kwargs = dict(
+        revision=model_args.model_revision,
+        dtype=model_args.dtype,
+        attn_implementation=model_args.attn_implementation,
+        quantization_config=quantization_config,
+        # A quantised model cannot be moved after loading: place it now.
+        device_map={"": placement} if quantization_config is not None else None,
+    )
+    if os.path.isfile(os.path.join(path, "adapter_config.json")):
+        from peft import PeftConfig, PeftModel
+
+        base = PeftConfig.from_pretrained(path).base_model_name_or_path
+        model = PeftModel.from_pretrained(load_diffusion_model(base, **load_kwargs), path)
+        if quantization_config is None:
+            model = model.merge_and_unload()
+    else:
+        model = load_diffusion_model(path, **load_kwargs)
+    tokenizer = AutoTokenizer.from_pretrained(path, revision=model_args.model_revision, padding_side="left")
+    if device is None:
+        return model, tokenizer
+    if quantization_config is None:
+        model = model.to(device)
+    return model.eval(), tokenizer
