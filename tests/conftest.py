@@ -42,6 +42,17 @@ def addition_dataset(n_a: int = 10, n_b: int = 3):
     return Dataset.from_dict({"prompt": [f"{a}+{b}=" for a, b in pairs], "answer": [str(a + b) for a, b in pairs]})
 
 
+def tiny_training_args(config_class, tmp_path, **overrides):
+    """A trainer config for two CPU steps of a tiny model on the addition task (gen 8, blocks of 4)."""
+    values = dict(
+        output_dir=str(tmp_path / "out"), max_completion_length=8, block_length=4, per_device_train_batch_size=4,
+        num_generations=4, max_steps=2, logging_steps=1, report_to="none", learning_rate=1e-3, temperature=1.0,
+        num_sampled_timesteps=4, beta=0.01, save_strategy="no", use_cpu=True, drop_zero_variance_groups=False, seed=0,
+    )
+    values.update(overrides)
+    return config_class(**values)
+
+
 def length_reward(completions, answer, **kwargs):
     """Dense toy reward: exact answer plus a small bonus for short completions."""
     return [float(c.strip() == a) + 0.1 * (8 - len(c)) for c, a in zip(completions, answer)]

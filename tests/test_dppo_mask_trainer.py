@@ -13,7 +13,7 @@ from dllm_trl.models import build_tiny_llada
 from dllm_trl.trainers import DPPOMaskConfig, DPPOMaskTrainer
 from dllm_trl.trainers.dppo_mask_trainer import appended_logits_processor, detect_model_kind
 
-from .conftest import addition_dataset, length_reward, make_char_tokenizer
+from .conftest import addition_dataset, length_reward, make_char_tokenizer, tiny_training_args
 
 DPPO_METRICS = (
     "dppo/masked_frac",
@@ -29,27 +29,7 @@ DPPO_METRICS = (
 
 
 def make_args(tmp_path, **overrides):
-    values = dict(
-        output_dir=str(tmp_path / "out"),
-        max_completion_length=8,
-        block_length=4,
-        per_device_train_batch_size=4,
-        num_generations=4,
-        max_steps=2,
-        logging_steps=1,
-        report_to="none",
-        learning_rate=1e-3,
-        temperature=1.0,
-        num_sampled_timesteps=2,
-        beta=0.01,
-        save_strategy="no",
-        use_cpu=True,
-        drop_zero_variance_groups=False,
-        seed=0,
-        divergence_top_k=4,
-    )
-    values.update(overrides)
-    return DPPOMaskConfig(**values)
+    return tiny_training_args(DPPOMaskConfig, tmp_path, **{"num_sampled_timesteps": 2, "divergence_top_k": 4, **overrides})
 
 
 def digit_reward(completions, **kwargs):

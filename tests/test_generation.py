@@ -36,16 +36,6 @@ TOL = dict(rtol=1e-5, atol=1e-6)
 # --------------------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------------------
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # The models are tiny: intra-op threads only add overhead, and on a busy machine spinning OpenMP
-    # workers make each forward orders of magnitude slower.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def make_model(kind: str, layers: int = 1, seed: int = 0, head_gain: float = 3.0, attn: str = "sdpa"):
     """A tiny LLaDA- or Dream-shaped model whose random weights are large enough that predictions depend
     on the context and confidences spread over (0, 1) (default init gives near-uniform, context-free

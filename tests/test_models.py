@@ -316,15 +316,6 @@ EOS = {"llada": LLADA_EOS, "dream": DREAM_EOS}
 CLASS = {"llada": LlamaForCausalLM, "dream": Qwen2ForCausalLM}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny matmuls: extra intra-op threads only add contention on a shared CPU (restored afterwards)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     """{(family, shards): (path, raw_config, weights)} for both families, single-file and 2-shard."""

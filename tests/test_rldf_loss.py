@@ -38,15 +38,6 @@ TRAJECTORY = ("rollout_prompt_ids", "rollout_prompt_mask", "rollout_ids", "commi
 # --------------------------------------------------------------------------------------------------
 # tiny models and trainers
 # --------------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module", autouse=True)
-def single_thread():
-    """Tiny matrices: intra-op threads cost far more than they save (orders of magnitude on a busy machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def tokenizer():
     return build_toy_tokenizer()

@@ -13,7 +13,7 @@ from trl import GRPOTrainer
 from dllm_trl.models import build_tiny_dream, build_tiny_llada
 from dllm_trl.trainers import RLDFConfig, RLDFTrainer
 
-from .conftest import addition_dataset, length_reward, make_char_tokenizer
+from .conftest import addition_dataset, length_reward, make_char_tokenizer, tiny_training_args
 
 OVERRIDDEN = [
     "_generate_single_turn",
@@ -37,26 +37,7 @@ def test_overridden_methods_exist_in_pinned_trl():
 
 
 def make_args(tmp_path, **overrides):
-    values = dict(
-        output_dir=str(tmp_path / "out"),
-        max_completion_length=8,
-        block_length=4,
-        per_device_train_batch_size=4,
-        num_generations=4,
-        max_steps=2,
-        logging_steps=1,
-        report_to="none",
-        learning_rate=1e-3,
-        temperature=1.0,
-        num_sampled_timesteps=4,
-        beta=0.01,
-        save_strategy="no",
-        use_cpu=True,
-        drop_zero_variance_groups=False,
-        seed=0,
-    )
-    values.update(overrides)
-    return RLDFConfig(**values)
+    return tiny_training_args(RLDFConfig, tmp_path, **overrides)
 
 
 def make_trainer(tmp_path, model=None, peft_config=None, **overrides):
