@@ -155,9 +155,7 @@ def test_humaneval_canonical_subset_scores_one():
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_humaneval_canonical_all_score_one(request):
-    if "slow" not in (request.config.getoption("markexpr") or ""):
-        pytest.skip("slow: run with -m slow")
+def test_humaneval_canonical_all_score_one():
     probs = list(_humaneval_problems().values())
     rewards = _he_batch(probs)
     bad = [p["task_id"] for p, r in zip(probs, rewards) if r != 1.0]

@@ -219,11 +219,8 @@ def test_main_prints_accuracy(capsys):
 
 
 @pytest.mark.slow
-def test_script_reproduces_the_shipped_checkpoint(tmp_path, request):
-    """Bit-exact on the software stack and CPU that produced the shipped file (2 threads). Minutes of
-    pre-training, so it runs only when asked for: ``pytest -m slow tests/test_toy.py``."""
-    if "slow" not in (request.config.getoption("markexpr") or ""):
-        pytest.skip("pre-trains the toy model for minutes; run with -m slow")
+def test_script_reproduces_the_shipped_checkpoint(tmp_path):
+    """Bit-exact on the software stack and CPU that produced the shipped file (2 threads)."""
     script = ROOT / "scripts" / "pretrain_toy.py"
     subprocess.run([sys.executable, str(script), "--output-dir", str(tmp_path)], check=True)
     shipped = toy_assets_dir()
