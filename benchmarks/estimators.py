@@ -137,7 +137,8 @@ def run_one(name, overrides, seed, args, checkpoint):
     from transformers import TrainerCallback
 
     from dllm_trl.toy import evaluate_accuracy, load_toy, toy_dataset, toy_generation_config, toy_reward
-    from dllm_trl.trainers import RLDFConfig, RLDFTrainer
+    from dllm_trl.cli import toy_rldf_config
+    from dllm_trl.trainers import RLDFTrainer
 
     torch.set_num_threads(args.threads)
     model, tokenizer = load_toy(path=checkpoint)
@@ -145,25 +146,14 @@ def run_one(name, overrides, seed, args, checkpoint):
     settings = {**BASE, **overrides}
     completions_per_step = args.num_generations * args.prompts_per_step
     with tempfile.TemporaryDirectory() as output_dir:
-        config = RLDFConfig(
-            output_dir=output_dir,
-            max_completion_length=eval_config.gen_length,
-            block_length=eval_config.block_length,
-            unmasking_threshold=eval_config.threshold,
-            cache_mode="dual",
-            temperature=1.0,
+        config = toy_rldf_config(
+            output_dir,
             num_generations=args.num_generations,
             per_device_train_batch_size=completions_per_step,
             beta=args.beta,
             learning_rate=args.learning_rate,
-            lr_scheduler_type="constant",
             max_steps=args.steps,
-            logging_steps=1,
-            save_strategy="no",
-            report_to="none",
-            use_cpu=True,
             seed=seed,
-            bf16=False,
             disable_tqdm=True,
             **settings,
         )

@@ -55,7 +55,8 @@ def main(argv=None) -> dict:
     import torch
 
     from .toy import evaluate_accuracy, load_toy, toy_dataset, toy_generation_config, toy_reward
-    from .trainers import RLDFConfig, RLDFTrainer
+    from .cli import toy_rldf_config
+    from .trainers import RLDFTrainer
 
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     os.makedirs(args.output_dir, exist_ok=True)
@@ -65,28 +66,16 @@ def main(argv=None) -> dict:
     before = evaluate_accuracy(model, tokenizer, held_out, generation_config=eval_config)
     print(f"[before] held-out greedy accuracy {before['accuracy']:.3f} ({before['tokens_per_second']:.0f} tokens/s)")
 
-    gen = eval_config
-    config = RLDFConfig(
-        output_dir=args.output_dir,
-        max_completion_length=gen.gen_length,
-        block_length=gen.block_length,
-        unmasking_threshold=gen.threshold,
-        cache_mode="dual",
+    config = toy_rldf_config(
+        args.output_dir,
         temperature=args.temperature,
         num_generations=args.num_generations,
         per_device_train_batch_size=args.num_generations * args.prompts_per_step,
         num_sampled_timesteps=args.num_sampled_timesteps,
         beta=args.beta,
         learning_rate=args.learning_rate,
-        lr_scheduler_type="constant",
         max_steps=args.max_steps,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=True,
         seed=args.seed,
-        gradient_checkpointing=False,
-        bf16=False,
         disable_tqdm=False,
     )
     trainer = RLDFTrainer(

@@ -10,7 +10,8 @@ from transformers import AutoTokenizer
 from trl import ModelConfig, get_quantization_config
 
 from .models import load_diffusion_model
-from .toy import load_toy
+from .toy import load_toy, toy_generation_config
+from .trainers import RLDFConfig
 
 TOY_TRAINING_DEFAULTS = dict(
     max_steps=2, max_completion_length=8, block_length=4, per_device_train_batch_size=4, num_generations=4,
@@ -61,3 +62,18 @@ def load_model_and_tokenizer(model_args: ModelConfig, device: str | None = None)
     if quantization_config is None:
         model = model.to(device)
     return model.eval(), tokenizer
+
+
+def toy_rldf_config(output_dir: str, **overrides) -> RLDFConfig:
+    """RLDF settings that improve the toy model on CPU (the main job's and the estimator benchmark's):
+    the toy sampler settings, 4 prompts x 8 generations per step, k = 4, β = 0, constant lr 3e-5."""
+    gen = toy_generation_config()
+    values = dict(
+        output_dir=output_dir, max_completion_length=gen.gen_length, block_length=gen.block_length,
+        unmasking_threshold=gen.threshold, cache_mode="dual", temperature=1.0, num_generations=8,
+        per_device_train_batch_size=32, num_sampled_timesteps=4, beta=0.0, learning_rate=3e-5,
+        lr_scheduler_type="constant", max_steps=60, logging_steps=1, save_strategy="no", report_to="none",
+        use_cpu=True, bf16=False, gradient_checkpointing=False,
+    )
+    values.update(overrides)
+    return RLDFConfig(**values)
