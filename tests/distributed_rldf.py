@@ -29,6 +29,12 @@ def main(output_dir: str):
     trainer.train()
     losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
     assert len(losses) == 2 and all(math.isfinite(x) for x in losses), losses
+    # Earlier sampled steps backpropagate under no_sync; the last one must synchronise everything that
+    # accumulated, or the replicas (which saw different prompts) drift apart.
+    flat = torch.cat([p.detach().flatten() for p in trainer.accelerator.unwrap_model(trainer.model).parameters()])
+    replicas = trainer.accelerator.gather(flat.unsqueeze(0))
+    assert torch.equal(replicas[0], replicas[1]), "parameters differ across processes"
+    assert trainer.state.log_history[0]["rldf/sampled_steps"] > 1, "needs several sampled steps per row"
     if trainer.accelerator.is_main_process:
         print(f"DISTRIBUTED_OK world={trainer.accelerator.num_processes} losses={losses}")
 
