@@ -19,7 +19,6 @@ from unittest import mock
 import pytest
 import torch
 from datasets import Dataset
-from trl import GRPOTrainer
 
 from dllm_trl.losses import estimators as est
 from dllm_trl.losses.rldf import INVALID_STEP
@@ -28,7 +27,7 @@ from dllm_trl.trainers import RLDFConfig, RLDFTrainer
 from dllm_trl.trainers import rldf_trainer as rldf_trainer_module
 
 from .conftest import addition_dataset, length_reward, make_char_tokenizer
-from .test_rldf_loss import ACCUM, EPS_HIGH, EPS_LOW, GEN, random_batch
+from .test_rldf_loss import ACCUM, EPS_HIGH, EPS_LOW, GEN, prepare_batch, random_batch, trainable_params
 
 EPS = est.RANDOM_MASK_EPS
 TRAJECTORY = ("rollout_prompt_ids", "rollout_prompt_mask", "rollout_ids", "commit_step", "valid_mask")
@@ -332,20 +331,8 @@ def ref_loss(batch, steps, current, estimator, *, ppo, beta, norm, prompt_p, c, 
     return sum(row_losses) / rows / (ACCUM if train else 1)
 
 
-def _prepare(trainer, batch):
-    trajectory = {key: batch[key] for key in (*TRAJECTORY, "sampled_steps", "mask_seed")}
-    scored = {key: value for key, value in batch.items() if key not in trajectory}
-    trainer._rollout = trajectory
-    with mock.patch.object(GRPOTrainer, "_generate_and_score_completions", lambda self, inputs: dict(scored)):
-        return trainer._generate_and_score_completions([])
-
-
-def _params(model):
-    return [p for p in model.parameters() if p.requires_grad]
-
-
 def _backward(trainer, inputs):
-    params = _params(trainer.model)
+    params = trainable_params(trainer.model)
     for p in params:
         p.grad = None
     loss = trainer._compute_loss(trainer.model, inputs)
@@ -388,11 +375,11 @@ def test_trainer_loss_and_grads_match_bruteforce(trainer, tokenizer, estimator, 
             noisy[b, j] = (logps.detach() + 0.3 * torch.randn(GEN, generator=g)).clamp_max(-1e-4)
         batch[key] = noisy
     expected = ref_loss(batch, steps, current, estimator, ppo=ppo, beta=beta, norm=norm, prompt_p=prompt_p, c=0.2)
-    expected_grads = torch.autograd.grad(expected, _params(model), allow_unused=True)
-    expected_grads = [torch.zeros_like(p) if e is None else e for e, p in zip(expected_grads, _params(model))]
+    expected_grads = torch.autograd.grad(expected, trainable_params(model), allow_unused=True)
+    expected_grads = [torch.zeros_like(p) if e is None else e for e, p in zip(expected_grads, trainable_params(model))]
 
     _configure(trainer, estimator, norm=norm, beta=beta, complementary=complementary, prompt_p=prompt_p)
-    inputs = _prepare(trainer, batch)
+    inputs = prepare_batch(trainer, batch, (*TRAJECTORY, "sampled_steps", "mask_seed"))
     assert ("target_weight" in inputs) == (estimator == "random_masking")
     loss, grads = _backward(trainer, inputs)
     assert torch.isfinite(loss)

@@ -106,17 +106,17 @@ def _configure(trainer, *, norm="token", c=0.2, beta=0.0):
     trainer.epsilon_low, trainer.epsilon_high = EPS_LOW, EPS_HIGH
 
 
-def prepare_batch(trainer, batch):
+def prepare_batch(trainer, batch, trajectory_keys=TRAJECTORY):
     """The batch as the trainer's own ``_generate_and_score_completions`` finishes it (target sets, counts, …),
     with TRL's generation and scoring replaced by the given trajectory, advantages and old / ref log-probs."""
-    trajectory = {key: batch[key] for key in TRAJECTORY}
-    scored = {key: value for key, value in batch.items() if key not in TRAJECTORY}
+    trajectory = {key: batch[key] for key in trajectory_keys}
+    scored = {key: value for key, value in batch.items() if key not in trajectory}
     trainer._rollout = trajectory
     with mock.patch.object(GRPOTrainer, "_generate_and_score_completions", lambda self, inputs: dict(scored)):
         return trainer._generate_and_score_completions([])
 
 
-def _params(model):
+def trainable_params(model):
     return [p for p in model.parameters() if p.requires_grad]
 
 
@@ -129,7 +129,7 @@ def _grads(loss, params):
 
 def _backward(trainer, inputs):
     """``_compute_loss`` then the trainer's backward, as ``training_step`` does; returns (loss, gradients)."""
-    params = _params(trainer.model)
+    params = trainable_params(trainer.model)
     for p in params:
         p.grad = None
     loss = trainer._compute_loss(trainer.model, inputs)
@@ -371,7 +371,7 @@ def test_loss_and_grads_match_bruteforce(trainer, tokenizer, objective, norm, be
     )
     assert sum(len(v) for v in targets.values()) > committed_now
     expected = reference_loss(batch, current, targets, ppo=ppo, beta=beta, norm=norm)
-    expected_grads = _grads(expected, _params(model))
+    expected_grads = _grads(expected, trainable_params(model))
 
     _configure(trainer, norm=norm, c=c, beta=beta)
     inputs = prepare_batch(trainer, batch)
@@ -398,7 +398,7 @@ def test_clean_target_threshold_extremes(trainer, tokenizer, c, objective):
         want = (steps >= t) if c == 0.0 else (steps == t)
         assert target == (want & valid).nonzero().squeeze(1).tolist()
     expected = reference_loss(batch, current, targets, ppo=ppo, beta=0.05, norm="sample")
-    expected_grads = _grads(expected, _params(model))
+    expected_grads = _grads(expected, trainable_params(model))
 
     _configure(trainer, norm="sample", c=c, beta=0.05)
     inputs = prepare_batch(trainer, batch)
@@ -423,7 +423,7 @@ def test_micro_batches_accumulate_to_the_generation_batch_loss(llada_trainer, to
     batch = add_old_and_ref(batch, current, seed=32, ppo=True, beta=True)
     targets = reference_targets(batch, current, 0.2, ppo=True)
     expected = reference_loss(batch, current, targets, ppo=True, beta=0.05, norm=norm, train=False)
-    expected_grads = _grads(expected, _params(trainer.model))
+    expected_grads = _grads(expected, trainable_params(trainer.model))
 
     _configure(trainer, norm=norm, c=0.2, beta=0.05)
     inputs = prepare_batch(trainer, batch)
@@ -538,7 +538,7 @@ def test_all_padding_steps_give_zero_loss_that_backpropagates(llada_trainer, tok
     loss = trainer._compute_loss(trainer.model, inputs)
     assert torch.isfinite(loss) and float(loss) == 0.0
     assert loss.requires_grad  # training_step calls backward on it
-    params = _params(trainer.model)
+    params = trainable_params(trainer.model)
     for p in params:
         p.grad = None
     trainer.accelerator.backward(loss)
@@ -576,7 +576,7 @@ def test_step_with_only_invalid_tokens_contributes_nothing(llada_trainer, tokeni
     expected = reference_loss(with_dead, current, targets, ppo=False, beta=0.0, norm="sample")
     loss, grads = _trainer_loss_and_grads(trainer, with_dead, norm="sample", c=0.0)
     torch.testing.assert_close(loss, expected.detach(), atol=1e-6, rtol=1e-5)
-    _assert_grads_close(grads, _grads(expected, _params(trainer.model)))
+    _assert_grads_close(grads, _grads(expected, trainable_params(trainer.model)))
 
 
 # --------------------------------------------------------------------------------------------------
