@@ -1,7 +1,6 @@
 """Predictive divergence-mask RL (DPPOMaskTrainer) on math, for masked diffusion LMs and causal LMs.
 
-With no arguments it trains the toy addition model of ``dllm_trl.toy`` (a random LLaDA-shaped model with the
-toy tokenizer when the toy checkpoint is not shipped) for two steps on CPU::
+With no arguments it trains the toy addition model of ``dllm_trl.toy`` for two steps on CPU::
 
     python examples/dppo_mask_math.py                        # toy diffusion LM
     python examples/dppo_mask_math.py --model_kind causal    # tiny random Qwen2 causal LM, same task
@@ -22,12 +21,11 @@ from dataclasses import dataclass, field
 import torch
 from datasets import load_dataset
 from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
-from trl import ModelConfig, TrlParser, get_peft_config
+from trl import ModelConfig, TrlParser, get_peft_config, get_quantization_config
 
-from dllm_trl.cli import toy_training_defaults
-from dllm_trl.models import build_tiny_llada
+from dllm_trl.cli import check_trainable, load_model_and_tokenizer, model_init_kwargs, toy_training_defaults
 from dllm_trl.rewards import math_reward
-from dllm_trl.toy import build_toy_tokenizer, load_toy, toy_dataset, toy_reward
+from dllm_trl.toy import build_toy_tokenizer, toy_dataset, toy_reward
 from dllm_trl.trainers import DPPOMaskConfig, DPPOMaskTrainer
 
 
@@ -40,23 +38,16 @@ class ExampleArguments:
     train_size: int = field(default=64, metadata={"help": "Number of training prompts."})
 
 
-def toy_model(kind: str):
-    """The toy diffusion LM (random when no checkpoint is shipped) or a tiny random Qwen2 causal LM."""
+def toy_causal_model():
+    """A tiny random Qwen2 causal LM with the toy tokenizer."""
     tokenizer = build_toy_tokenizer()
-    if kind == "causal":
-        config = Qwen2Config(
-            vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, use_sliding_window=False, eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-        )
-        torch.manual_seed(0)
-        return Qwen2ForCausalLM(config), tokenizer
-    try:
-        return load_toy()
-    except (OSError, ValueError) as error:
-        print(f"No toy checkpoint ({type(error).__name__}); using a random LLaDA-shaped model.")
-        return build_tiny_llada(vocab_size=len(tokenizer), mask_token_id=tokenizer.mask_token_id,
-                                eos_token_id=tokenizer.eos_token_id), tokenizer
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, use_sliding_window=False, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+    )
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(config), tokenizer
 
 
 def main():
@@ -67,13 +58,18 @@ def main():
     )
     example, args, model_args = parser.parse_args_and_config()
 
+    check_trainable(model_args)
     if model_args.model_name_or_path:
-        model = model_args.model_name_or_path
-        args.model_init_kwargs = {"dtype": model_args.dtype, "attn_implementation": model_args.attn_implementation,
-                                  "revision": model_args.model_revision}
+        model = model_args.model_name_or_path  # the trainer loads it as args.model_kind says
+        args.model_init_kwargs = model_init_kwargs(model_args)
         tokenizer = AutoTokenizer.from_pretrained(model, revision=model_args.model_revision, padding_side="left")
+    elif args.model_kind != "causal":
+        model, tokenizer = load_model_and_tokenizer(model_args)  # the shipped toy checkpoint
+    elif get_quantization_config(model_args) is not None:
+        raise ValueError("--load_in_4bit / --load_in_8bit quantise a checkpoint at load; the toy causal LM is built "
+                         "in memory: name a causal checkpoint with --model_name_or_path.")
     else:
-        model, tokenizer = toy_model(args.model_kind)
+        model, tokenizer = toy_causal_model()
     if example.dataset_name:
         dataset = load_dataset(example.dataset_name, split=example.dataset_split).select(range(example.train_size))
         reward = math_reward

@@ -1,43 +1,130 @@
-"""Two-process RLDF run, launched by tests/test_distributed.py through `accelerate launch --cpu`."""
+"""A small RLDF run for the engine tests, launched by tests/test_distributed.py through ``accelerate launch``
+(DDP, DeepSpeed ZeRO-2/3, FSDP2, single process) on CPU.
+
+Usage: ``distributed_rldf.py OUTPUT_DIR [key=value ...]``; keys: ``model`` (``memory`` for a tiny in-memory LLaDA,
+else a checkpoint folder, loaded *after* the training arguments so that ZeRO-3 can partition it at load), ``beta``,
+``backward_mode`` (passed only when given), ``steps``, ``save`` (``1``: a checkpoint at the last step),
+``fsdp_on_cpu`` (see :func:`fsdp_state_on_cpu`), ``use_cpu``. Every process checks that its view of the full
+parameters equals the others'; rank 0 writes ``OUTPUT_DIR/result.pt`` (losses, KLs, the full trained parameters,
+the engine that ran). The harness reads the engines through accelerate and torch only, not through the code under
+test.
+"""
+
+from __future__ import annotations
 
 import math
+import os
 import sys
 
 import torch
+from torch.distributed.tensor import DTensor
 
 sys.path.insert(0, __file__.rsplit("/", 2)[0])
 
 from tests.conftest import addition_dataset, length_reward, make_char_tokenizer  # noqa: E402
 
+from dllm_trl import load_diffusion_model  # noqa: E402
 from dllm_trl.models import build_tiny_llada  # noqa: E402
 from dllm_trl.trainers import RLDFConfig, RLDFTrainer  # noqa: E402
 
 
-def main(output_dir: str):
+def parse(argv):
+    options = dict(model="memory", beta="0.01", backward_mode="", steps="2", save="0", fsdp_on_cpu="0", use_cpu="1")
+    for item in argv:
+        key, value = item.split("=", 1)
+        if key not in options:
+            raise SystemExit(f"unknown option {key!r}")
+        options[key] = value
+    return options
+
+
+def fsdp_state_on_cpu():
+    """The accelerate state an FSDP launch gets on GPUs, on CPU processes over gloo.
+
+    accelerate turns an FSDP launch into FSDP only on GPU-like devices (``AcceleratorState`` keeps ``MULTI_CPU``
+    on CPU). Here the state is initialised as accelerate does on CPU (gloo process group), then its distributed
+    type is set to FSDP with the plugin the launcher's FSDP_* variables describe, exactly what the GPU branch of
+    ``AcceleratorState`` does. Everything after that — accelerate's FSDP2 preparation (``fully_shard`` per decoder
+    layer and at the root, on a CPU device mesh), its state-dict and checkpoint code, the Trainer, our trainer and
+    engine module — runs unmodified. The training arguments must then say ``use_configured_state``.
+    """
+    from accelerate import Accelerator, PartialState
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    state = Accelerator(cpu=True).state
+    PartialState().distributed_type = state.distributed_type = DistributedType.FSDP  # both shared states
+    state.fsdp_plugin = FullyShardedDataParallelPlugin()
+    return state
+
+
+def full_parameters(model) -> torch.Tensor:
+    """This process's view of every parameter in full, flattened (gathering ZeRO-3 partitions and FSDP2 shards)."""
+    params = list(model.parameters())
+    if any(hasattr(p, "ds_id") for p in params):
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(params):
+            return torch.cat([p.detach().flatten().clone() for p in params])
+    return torch.cat([(p.full_tensor() if isinstance(p, DTensor) else p).detach().flatten() for p in params])
+
+
+def main(output_dir: str, options: dict):
     torch.set_num_threads(1)
     tokenizer = make_char_tokenizer()
-    model = build_tiny_llada(vocab_size=len(tokenizer), mask_token_id=tokenizer.mask_token_id,
-                             eos_token_id=tokenizer.eos_token_id)
+    extra = {}
+    if options["fsdp_on_cpu"] == "1":
+        fsdp_state_on_cpu()
+        extra["accelerator_config"] = {"use_configured_state": True}
+    if options["backward_mode"]:
+        extra["backward_mode"] = options["backward_mode"]
+    steps = int(options["steps"])
     args = RLDFConfig(
-        output_dir=output_dir, max_completion_length=8, block_length=4, per_device_train_batch_size=2,
-        num_generations=4, max_steps=2, logging_steps=1, report_to="none", learning_rate=1e-3, temperature=1.0,
-        num_sampled_timesteps=4, beta=0.01, save_strategy="no", use_cpu=True, seed=0,
-        drop_zero_variance_groups=True,
+        output_dir=output_dir, per_device_train_batch_size=4 // int(os.environ.get("WORLD_SIZE", "1")),
+        num_generations=4, max_steps=steps, logging_steps=1, report_to="none", learning_rate=1e-3, temperature=1.0,
+        beta=float(options["beta"]), seed=0, use_cpu=options["use_cpu"] == "1",
+        bf16=False,  # fp32 everywhere, so that engines can be compared tightly
+        save_strategy="steps" if options["save"] == "1" else "no", save_steps=steps, max_completion_length=8,
+        block_length=4, num_sampled_timesteps=4, drop_zero_variance_groups=True, **extra,
     )
+    if options["model"] == "memory":
+        torch.manual_seed(0)
+        model = build_tiny_llada(vocab_size=len(tokenizer), mask_token_id=tokenizer.mask_token_id,
+                                 eos_token_id=tokenizer.eos_token_id)
+    else:
+        model = load_diffusion_model(options["model"], mask_token_id=tokenizer.mask_token_id)
+    partitioned_at_load = any(hasattr(p, "ds_id") for p in model.parameters())
     trainer = RLDFTrainer(model=model, reward_funcs=length_reward, args=args, train_dataset=addition_dataset(),
                           processing_class=tokenizer)
     trainer.train()
-    losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
-    assert len(losses) == 2 and all(math.isfinite(x) for x in losses), losses
-    # Earlier sampled steps backpropagate under no_sync; the last one must synchronise everything that
-    # accumulated, or the replicas (which saw different prompts) drift apart.
-    flat = torch.cat([p.detach().flatten() for p in trainer.accelerator.unwrap_model(trainer.model).parameters()])
-    replicas = trainer.accelerator.gather(flat.unsqueeze(0))
-    assert torch.equal(replicas[0], replicas[1]), "parameters differ across processes"
-    assert trainer.state.log_history[0]["rldf/sampled_steps"] > 1, "needs several sampled steps per row"
+
+    logs = [entry for entry in trainer.state.log_history if "loss" in entry]
+    losses = [entry["loss"] for entry in logs]
+    assert all(math.isfinite(x) for x in losses), losses
+    sharded = any(isinstance(p, DTensor) or hasattr(p, "ds_id") for p in trainer.model_wrapped.parameters())
+    # Every process's view of the full parameters must be the same (replicas in sync, shards consistent).
+    views = trainer.accelerator.gather(full_parameters(trainer.model_wrapped).unsqueeze(0))
+    assert all(torch.equal(views[0], view) for view in views), "parameters differ across processes"
+    state = trainer.accelerator.get_state_dict(trainer.model_wrapped)  # full weights, gathered from the shards
     if trainer.accelerator.is_main_process:
+        params = {name: value.detach().float().cpu().clone() for name, value in state.items()}
+        torch.save(
+            {
+                "world_size": trainer.accelerator.num_processes,
+                "losses": losses,
+                "kl": [entry.get("kl") for entry in logs],
+                "sampled_steps": [entry.get("rldf/sampled_steps") for entry in logs],
+                "params": params,
+                "global_step": trainer.state.global_step,
+                "dtype": str(next(iter(state.values())).dtype),
+                "partitioned_at_load": partitioned_at_load,
+                "sharded": sharded,
+                "distributed_type": str(trainer.accelerator.distributed_type),
+                "mixed_precision": str(trainer.accelerator.mixed_precision),
+            },
+            os.path.join(output_dir, "result.pt"),
+        )
         print(f"DISTRIBUTED_OK world={trainer.accelerator.num_processes} losses={losses}")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], parse(sys.argv[2:]))

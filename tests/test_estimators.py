@@ -387,11 +387,16 @@ def test_trainer_loss_and_grads_match_bruteforce(trainer, tokenizer, estimator, 
     assert any(e.abs().max() > 1e-4 for e in expected_grads)
     for a, e in zip(grads, expected_grads):
         torch.testing.assert_close(a, e, atol=2e-6, rtol=1e-4)
-    # the scoring pass (old / ref) scores the same states as the loss
+    # the scoring pass (old / ref) scores the same states as the loss, at every position a term can read
     with torch.no_grad():
         scored = trainer._logps_at_sampled_states(model, inputs, batch_size=2)
     for (b, j), logps in current.items():
-        torch.testing.assert_close(scored[b, j], logps.detach(), atol=1e-5, rtol=1e-5)
+        read = inputs["target_mask"][b, j] if estimator != "rldf" else (
+            (inputs["commit_step"][b] >= inputs["sampled_steps"][b, j]) & inputs["valid_mask"][b].bool()
+        )
+        assert read.any()
+        torch.testing.assert_close(scored[b, j][read], logps.detach()[read], atol=1e-5, rtol=1e-5)
+        assert (scored[b, j][~read] == 0).all()
     utility = trainer._metrics["train"]["rldf/token_utility"][-1]
     if estimator == "all_masking":
         assert utility == pytest.approx(1.0)

@@ -337,18 +337,17 @@ def test_cached_step_after_refresh_equals_full_forward(kind, cache):
         partly = torch.rand(3, block, generator=filler) < 0.5  # some of the block already decoded
         canvas[:, start:end][partly] = torch.randint(2, MASK, (int(partly.sum()),), generator=filler)
         logit_index = torch.arange(start - shift, end - shift)
-        decoder, head = model.get_decoder(), model.get_output_embeddings()
+        rows = torch.arange(3).repeat_interleave(block)
+        read = logit_index.repeat(3)  # every row's block positions, in canvas coordinates
         with torch.no_grad():
-            reference = model(input_ids=canvas, attention_mask=key_mask).logits[:, logit_index]
+            reference = model(input_ids=canvas, attention_mask=key_mask).logits[:, logit_index].reshape(3 * block, -1)
             window = _block_window(cache, start, end, total, shift, canvas.device)
-            hidden, kv = _full_forward(decoder, canvas, key_mask.bool(), window, mask_dtype)
-            torch.testing.assert_close(head(hidden[:, logit_index]), reference, **TOL)
+            logits, kv = _full_forward(model, canvas, key_mask.bool(), window, mask_dtype, rows, read)
+            torch.testing.assert_close(logits, reference, **TOL)
             kept = window.cached.numel()
             assert kv.get_seq_length() == kept
             for _ in range(2):  # the second call checks that the window's keys were dropped again
-                hidden = _cached_forward(decoder, canvas, key_mask.bool(), kv, window, mask_dtype)
-                assert hidden.shape[1] == window.end - window.start
-                cached = head(hidden[:, logit_index - window.start])
+                cached = _cached_forward(model, canvas, key_mask.bool(), kv, window, mask_dtype, rows, read)
                 torch.testing.assert_close(cached, reference, rtol=1e-4, atol=1e-5)
                 assert kv.get_seq_length() == kept
 
@@ -365,7 +364,7 @@ def test_cache_mode_feeds_only_its_window(kind, cache):
         model.get_decoder().register_forward_pre_hook(
             lambda module, args, kwargs: fed.append(kwargs["input_ids"].shape[1]), with_kwargs=True
         ),
-        model.get_output_embeddings().register_forward_pre_hook(lambda module, args: read.append(args[0].shape[0])),
+        model.get_output_embeddings().register_forward_pre_hook(lambda module, args: read.append(args[0].shape[-2])),
     ]
     try:
         out, seen = run(model, prompts(3, prompt_len), cache=cache)

@@ -99,7 +99,8 @@ def trainer(request):
     return request.getfixturevalue(f"{request.param}_trainer")
 
 
-def _configure(trainer, *, norm="token", c=0.2, beta=0.0):
+def _configure(trainer, *, norm="token", c=0.2, beta=0.0, backward_mode="per_step"):
+    trainer.args.backward_mode = backward_mode
     trainer.args.loss_normalization = norm
     trainer.args.clean_target_threshold = c
     trainer.beta = beta
@@ -353,10 +354,12 @@ def _assert_target_mask(inputs, targets):
 # --------------------------------------------------------------------------------------------------
 # 1. loss and gradients against the brute-force reference
 # --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("backward_mode", ["per_step", "per_micro_batch"])
 @pytest.mark.parametrize("beta", [0.0, 0.05])
 @pytest.mark.parametrize("norm", ["token", "sample"])
 @pytest.mark.parametrize("objective", ["reinforce", "ppo"])
-def test_loss_and_grads_match_bruteforce(trainer, tokenizer, objective, norm, beta):
+def test_loss_and_grads_match_bruteforce(trainer, tokenizer, objective, norm, beta, backward_mode):
+    """Loss and gradients equal the brute-force reference, with one backward per sampled step or one in all."""
     ppo = objective == "ppo"
     model = trainer.model
     batch = random_batch(tokenizer, seed=11)
@@ -373,7 +376,7 @@ def test_loss_and_grads_match_bruteforce(trainer, tokenizer, objective, norm, be
     expected = reference_loss(batch, current, targets, ppo=ppo, beta=beta, norm=norm)
     expected_grads = _grads(expected, trainable_params(model))
 
-    _configure(trainer, norm=norm, c=c, beta=beta)
+    _configure(trainer, norm=norm, c=c, beta=beta, backward_mode=backward_mode)
     inputs = prepare_batch(trainer, batch)
     _assert_target_mask(inputs, targets)
     loss, grads = _backward(trainer, inputs)
@@ -470,8 +473,14 @@ def test_scoring_pass_scores_the_states_of_the_loss(trainer, tokenizer):
     with torch.no_grad():
         scored = trainer._logps_at_sampled_states(trainer.model, batch, batch_size=2)
     current = reference_state_logps(trainer.model, batch)
+    unread = 0
     for (b, j), logps in current.items():
-        torch.testing.assert_close(scored[b, j], logps.detach(), atol=1e-5, rtol=1e-5)
+        # Only the positions a term can read are scored (still masked in o_t and valid); the rest stays 0.
+        read = (batch["commit_step"][b] >= batch["sampled_steps"][b, j]) & batch["valid_mask"][b].bool()
+        torch.testing.assert_close(scored[b, j][read], logps.detach()[read], atol=1e-5, rtol=1e-5)
+        assert (scored[b, j][~read] == 0).all()
+        unread += int((~read).sum())
+    assert unread > 0
     padding = batch["sampled_steps"] == INVALID_STEP
     assert (scored[padding] == 0).all()
 

@@ -151,3 +151,29 @@ def test_non_diffusion_model_is_rejected(tmp_path):
                                          num_attention_heads=2))
     with pytest.raises(ValueError, match="mask_token_id"):
         make_trainer(tmp_path, model=plain)
+
+
+def test_existing_adapter_is_its_own_kl_reference(tmp_path):
+    """SFT then RL: a PeftModel that already carries a trained adapter. The KL reference is that adapter as loaded
+    (TRL's frozen "ref" copy), not the base model with adapters off, so the KL of the first step is exactly 0."""
+    from peft import get_peft_model
+
+    tokenizer = make_char_tokenizer()
+    base = build_tiny_llada(vocab_size=len(tokenizer), mask_token_id=tokenizer.mask_token_id,
+                            eos_token_id=tokenizer.eos_token_id)
+    sft = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    trainer = make_trainer(tmp_path, model=sft, beta=0.05, max_steps=2)
+    assert "ref" in trainer.model.peft_config
+    trainer.train()
+    kl = [e["kl"] for e in trainer.state.log_history if "kl" in e]
+    assert kl[0] == 0.0 and kl[1] > 0.0
+
+
+@pytest.mark.parametrize("implementation", ["flash_attention_2", "flex_attention"])
+def test_attention_without_explicit_masks_is_refused(tmp_path, implementation):
+    tokenizer = make_char_tokenizer()
+    model = build_tiny_llada(vocab_size=len(tokenizer), mask_token_id=tokenizer.mask_token_id,
+                             eos_token_id=tokenizer.eos_token_id)
+    model.config._attn_implementation = implementation  # what `attn_implementation=` at load would set
+    with pytest.raises(ValueError, match="attn_implementation='sdpa'"):
+        make_trainer(tmp_path, model=model)

@@ -10,7 +10,7 @@ from transformers import AutoTokenizer
 from trl import ModelConfig, get_quantization_config
 
 from .models import load_diffusion_model
-from .toy import load_toy, toy_generation_config
+from .toy import toy_assets_dir, toy_generation_config
 from .trainers import RLDFConfig
 
 TOY_TRAINING_DEFAULTS = dict(
@@ -27,39 +27,53 @@ def toy_training_defaults(output_dir: str, **overrides) -> dict:
     return {**TOY_TRAINING_DEFAULTS, "output_dir": output_dir, "bf16": bf16, **overrides}
 
 
-def load_model_and_tokenizer(model_args: ModelConfig, device: str | None = None):
-    """The diffusion LM named by ``--model_name_or_path`` and its tokenizer; the toy model when none is named.
-
-    ``--load_in_4bit`` / ``--load_in_8bit`` quantise at load (placed on ``device``, or on this process's
-    device for training). A LoRA adapter folder loads on top of its base model (merged unless quantised).
-    With ``device`` the model is moved there and put in eval mode, ready for decoding.
-    """
-    path = model_args.model_name_or_path
-    if path is None:
-        return load_toy(device or "cpu")
+def model_init_kwargs(model_args: ModelConfig, device: str | int | None = None) -> dict:
+    """``from_pretrained`` keyword arguments that ``--dtype``, ``--attn_implementation``, ``--model_revision`` and
+    ``--load_in_4bit`` / ``--load_in_8bit`` (bitsandbytes, placed on ``device`` or on this process's device) ask for."""
     quantization_config = get_quantization_config(model_args)
     placement = device if device is not None else PartialState().local_process_index
-    load_kwargs = dict(
-        revision=model_args.model_revision,
-        dtype=model_args.dtype,
-        attn_implementation=model_args.attn_implementation,
-        quantization_config=quantization_config,
+    if not torch.accelerator.is_available():
+        placement = "cpu"
+    kwargs = dict(revision=model_args.model_revision, dtype=model_args.dtype,
+                  attn_implementation=model_args.attn_implementation)
+    if quantization_config is not None:
         # A quantised model cannot be moved after loading: place it now.
-        device_map={"": placement} if quantization_config is not None else None,
-    )
+        kwargs.update(quantization_config=quantization_config, device_map={"": placement})
+    return kwargs
+
+
+def check_trainable(model_args: ModelConfig) -> None:
+    """Quantised weights cannot be trained: 4-/8-bit loading is QLoRA, i.e. a LoRA adapter on top (``--use_peft``)."""
+    if (model_args.load_in_4bit or model_args.load_in_8bit) and not model_args.use_peft:
+        flag = "--load_in_4bit" if model_args.load_in_4bit else "--load_in_8bit"
+        raise ValueError(f"{flag} quantises the base weights, which cannot be trained: add --use_peft (QLoRA).")
+
+
+def load_model_and_tokenizer(model_args: ModelConfig, device: str | None = None):
+    """The diffusion LM named by ``--model_name_or_path`` (the shipped toy checkpoint when none is named) and its
+    tokenizer, loaded as :func:`model_init_kwargs` says.
+
+    A LoRA adapter folder loads on top of its base model (merged unless quantised). With ``device`` the model is
+    moved there and put in eval mode, ready for decoding; without, it is ready for training.
+    """
+    path = model_args.model_name_or_path or str(toy_assets_dir())
+    if device is None:
+        check_trainable(model_args)
+    load_kwargs = model_init_kwargs(model_args, device)
+    quantized = "quantization_config" in load_kwargs
     if os.path.isfile(os.path.join(path, "adapter_config.json")):
         from peft import PeftConfig, PeftModel
 
         base = PeftConfig.from_pretrained(path).base_model_name_or_path
         model = PeftModel.from_pretrained(load_diffusion_model(base, **load_kwargs), path)
-        if quantization_config is None:
+        if not quantized:
             model = model.merge_and_unload()
     else:
         model = load_diffusion_model(path, **load_kwargs)
     tokenizer = AutoTokenizer.from_pretrained(path, revision=model_args.model_revision, padding_side="left")
     if device is None:
         return model, tokenizer
-    if quantization_config is None:
+    if not quantized:
         model = model.to(device)
     return model.eval(), tokenizer
 

@@ -16,6 +16,7 @@ from typing import NamedTuple
 import torch
 
 from ..models.bidirectional import attention_mask_4d, diffusion_config, eos_token_ids, mask_dtype_for
+from ..models.engines import decoder_of, logits_at
 from .config import DiffusionGenerationConfig
 
 NEVER_COMMITTED = 2**31 - 1
@@ -126,47 +127,52 @@ def _block_window(cache_mode: str, start: int, end: int, total: int, shift: int,
     return _Window(win_start, win_end, cached)
 
 
-def _decode(decoder, ids, positions, key_mask, cache, use_cache, mask_dtype):
-    """Last hidden states of ``ids`` at ``positions`` (shared by all rows), attending to the keys of
-    ``key_mask`` (cached keys first)."""
+def _step_logits(model, ids, positions, key_mask, cache, use_cache, mask_dtype, rows, read):
+    """The one model call of the sampler: logits (N, V) at fed positions ``(rows[n], read[n])`` of ``ids``
+    (fed at canvas ``positions``, shared by all rows), attending to the keys of ``key_mask`` (cached keys first),
+    and the cache. It runs the (possibly engine-wrapped) model's own forward, the LM head only where read."""
     batch = ids.shape[0]
     mask = attention_mask_4d(key_mask, batch, ids.shape[1], key_mask.shape[1], ids.device, mask_dtype)
-    out = decoder(
+    return logits_at(
+        model,
+        rows,
+        read,
         input_ids=ids,
         attention_mask=mask,
         position_ids=positions.unsqueeze(0).expand(batch, -1),
         past_key_values=cache,
         use_cache=use_cache,
     )
-    return out.last_hidden_state, out.past_key_values
 
 
-def _full_forward(decoder, canvas, key_mask, window: _Window | None, mask_dtype):
-    """Hidden states of the whole canvas (B, P+G, d).
+def _full_forward(model, canvas, key_mask, window: _Window | None, mask_dtype, rows, read):
+    """Logits at canvas positions ``(rows, read)`` from a forward over the whole canvas.
 
     With a ``window`` it also (re)builds the block's cache: post-RoPE keys/values of the positions outside
     the window, taken from this very forward (so the next cached step starts exact).
     """
     positions = torch.arange(canvas.shape[1], device=canvas.device)
-    hidden, cache = _decode(decoder, canvas, positions, key_mask, None, window is not None, mask_dtype)
+    logits, cache = _step_logits(model, canvas, positions, key_mask, None, window is not None, mask_dtype, rows, read)
     if window is not None:
         for layer in cache.layers:
             layer.keys = layer.keys.index_select(-2, window.cached)
             layer.values = layer.values.index_select(-2, window.cached)
-    return hidden, cache
+    return logits, cache
 
 
-def _cached_forward(decoder, canvas, key_mask, cache, window: _Window, mask_dtype):
-    """Hidden states of the window only (B, window.end - window.start, d), attending to the cached keys
-    too. The window's own keys/values are dropped again afterwards."""
+def _cached_forward(model, canvas, key_mask, cache, window: _Window, mask_dtype, rows, read):
+    """Logits at canvas positions ``(rows, read)`` (inside the window) from a forward over the window only,
+    attending to the cached keys too. The window's own keys/values are dropped again afterwards."""
     keys = torch.cat([key_mask[:, window.cached], key_mask[:, window.start : window.end]], dim=1)
     positions = torch.arange(window.start, window.end, device=canvas.device)
-    hidden, cache = _decode(decoder, canvas[:, window.start : window.end], positions, keys, cache, True, mask_dtype)
+    logits, cache = _step_logits(
+        model, canvas[:, window.start : window.end], positions, keys, cache, True, mask_dtype, rows, read - window.start
+    )
     kept = window.cached.numel()
     for layer in cache.layers:
         layer.keys = layer.keys[..., :kept, :]
         layer.values = layer.values[..., :kept, :]
-    return hidden
+    return logits
 
 
 def _dense_step_ranks(commit_step: torch.Tensor, total_steps: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -193,9 +199,8 @@ def diffusion_generate(
 
     ``step_callback(step, canvas)``, if given, sees the canvas (B, P+G) before every lock-step step.
 
-    The logits are ``model.get_output_embeddings()`` applied to the last hidden state of
-    ``model.get_decoder()`` (as in LLaDA, Dream and every Llama/Qwen2-style model; models that rescale or
-    soft-cap their logits are not supported), so that the head runs only at the positions a step reads.
+    ``model`` may be wrapped by an engine (DDP, DeepSpeed, FSDP2, PEFT): its own forward runs, with the LM head
+    applied only at the positions a step reads (:func:`~dllm_trl.models.engines.logits_at`).
     """
     cfg = generation_config or DiffusionGenerationConfig()
     config = diffusion_config(model)
@@ -222,8 +227,7 @@ def diffusion_generate(
     topk = cfg.record_topk
     topk_ids = torch.zeros(batch, gen, topk, dtype=torch.long, device=device) if topk else None
     topk_logps = torch.full((batch, gen, topk), float("-inf"), device=device) if topk else None
-    mask_dtype = mask_dtype_for(model, model.get_input_embeddings().weight.dtype)
-    decoder, head = model.get_decoder(), model.get_output_embeddings()
+    mask_dtype = mask_dtype_for(model, decoder_of(model).embed_tokens.weight.dtype)
     eos_tensor = torch.tensor(eos_ids, device=device)
     steps_per_block = cfg.total_steps // cfg.num_blocks
     schedule = static_schedule(block, steps_per_block) if cfg.unmasking == "static" else None
@@ -244,18 +248,16 @@ def diffusion_generate(
                 raise RuntimeError(f"block {block_index} still has masks after {block} steps: no token was committed.")
             if step_callback is not None:
                 step_callback(step, canvas)
-            if cache is None:
-                # Without a cache every step is a full forward; with one, the block's first step refreshes it.
-                hidden, cache = _full_forward(decoder, canvas, key_mask, window, mask_dtype)
-                first = 0
-            else:
-                hidden = _cached_forward(decoder, canvas, key_mask, cache, window, mask_dtype)
-                first = window.start
-            nfe += 1
             # The LM head and the softmax over the vocabulary dominate small shapes: apply them only where
             # this step reads, each row's still-masked block positions. A shifted model predicts position j
             # from the output at j - 1.
-            logits = head(hidden[rows, start - shift - first + columns])
+            read = start - shift + columns
+            if cache is None:
+                # Without a cache every step is a full forward; with one, the block's first step refreshes it.
+                logits, cache = _full_forward(model, canvas, key_mask, window, mask_dtype, rows, read)
+            else:
+                logits = _cached_forward(model, canvas, key_mask, cache, window, mask_dtype, rows, read)
+            nfe += 1
             candidate, confidence, log_probs = _draw_candidates(
                 logits.float(), mask_id, cfg.temperature, cfg.top_p, cfg.top_k, sampling, generator
             )

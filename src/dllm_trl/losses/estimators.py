@@ -233,3 +233,25 @@ def estimator_targets(
     targets = masked.to(valid.device) & valid & live
     weights = torch.where(targets, (1.0 / prob.clamp_min(1e-12)).float().view(-1, 1).to(valid.device), 0.0)
     return targets, weights
+
+
+def estimator_candidates(
+    estimator: str,
+    *,
+    commit_step: torch.Tensor,
+    valid_mask: torch.Tensor,
+    step: torch.Tensor,
+    mask_seed: torch.Tensor | None = None,
+    eps: float = RANDOM_MASK_EPS,
+) -> torch.Tensor:
+    """(B, G) bool: every position that can be a target of the state (``step`` as in :func:`estimator_state`).
+
+    ``rldf``: ``I_t`` and every still-masked valid token (``Ô_t`` picks among them by ``π_old ≥ c``). The other
+    estimators' targets do not depend on ``π_old``: their candidates are their targets.
+    """
+    if estimator != "rldf":
+        return estimator_targets(
+            estimator, commit_step=commit_step, valid_mask=valid_mask, step=step, mask_seed=mask_seed, eps=eps
+        )[0]
+    live = (step != INVALID_STEP).view(-1, 1)
+    return (commit_step >= step.view(-1, 1)) & valid_mask.bool() & live

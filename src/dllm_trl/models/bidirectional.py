@@ -20,16 +20,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .engines import check_attention_implementation, decoder_of, model_config
+
 _HOOK_ATTR = "_dllm_bidirectional_hook"
 SAMPLING_STYLES = ("gumbel", "categorical")
 
 
 def diffusion_config(model: nn.Module):
-    """Return the config that carries the diffusion properties (unwraps PEFT / DDP wrappers)."""
-    config = getattr(model, "config", None)
-    if config is None and hasattr(model, "module"):
-        config = getattr(model.module, "config", None)
-    if config is None or getattr(config, "mask_token_id", None) is None:
+    """Return the config that carries the diffusion properties (through DDP / DeepSpeed / FSDP / PEFT wrappers)."""
+    config = model_config(model)
+    if getattr(config, "mask_token_id", None) is None:
         raise ValueError(
             "This model is not a diffusion LM: `model.config.mask_token_id` is not set. Load it with "
             "`dllm_trl.load_diffusion_model(...)`, or call `dllm_trl.models.set_diffusion_properties(model, "
@@ -49,10 +49,10 @@ def set_diffusion_properties(
     """Write the diffusion properties onto ``model.config`` and make the model bidirectional."""
     if sampling not in SAMPLING_STYLES:
         raise ValueError(f"sampling={sampling!r}: expected one of {SAMPLING_STYLES}.")
-    config = model.config
-    vocab_size = model.get_input_embeddings().weight.shape[0]
+    config = model_config(model)
+    vocab_size = config.get_text_config().vocab_size  # never a weight's shape: ZeRO-3 / FSDP weights are sharded
     if not 0 <= int(mask_token_id) < vocab_size:
-        raise ValueError(f"mask_token_id={mask_token_id} is outside the embedding table (size {vocab_size}).")
+        raise ValueError(f"mask_token_id={mask_token_id} is outside the vocabulary (config.vocab_size={vocab_size}).")
     config.mask_token_id = int(mask_token_id)
     config.diffusion_logit_shift = bool(logit_shift)
     config.diffusion_sampling = sampling
@@ -103,7 +103,7 @@ def attention_mask_4d(
 
 def mask_dtype_for(model_or_decoder: nn.Module, dtype: torch.dtype) -> torch.dtype | None:
     """``None`` (boolean mask) unless the model runs eager attention, which needs an additive mask."""
-    implementation = getattr(model_or_decoder.config, "_attn_implementation", None) or "eager"
+    implementation = getattr(model_config(model_or_decoder), "_attn_implementation", None) or "eager"
     if implementation != "eager":
         return None
     if not dtype.is_floating_point:  # quantised embeddings: use the compute dtype
@@ -111,20 +111,10 @@ def mask_dtype_for(model_or_decoder: nn.Module, dtype: torch.dtype) -> torch.dty
     return dtype
 
 
-def _decoder(model: nn.Module) -> nn.Module:
-    """The ``*Model`` inside a ``*ForCausalLM`` (through PEFT wrappers)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    decoder = getattr(base, "model", None)
-    if decoder is None or not hasattr(decoder, "layers"):
-        raise TypeError(
-            f"{type(base).__name__} does not look like a transformers *ForCausalLM with a `.model.layers` decoder."
-        )
-    return decoder
-
-
 def _bidirectional_pre_hook(module, args, kwargs):
     if len(args) > 1:
         raise TypeError("Call the decoder of a diffusion LM with keyword arguments (attention_mask=...).")
+    check_attention_implementation(module.config)  # the implementation can be switched after loading
     attention_mask = kwargs.get("attention_mask")
     if attention_mask is not None and attention_mask.dim() == 4:
         return args, kwargs
@@ -149,8 +139,8 @@ def _bidirectional_pre_hook(module, args, kwargs):
 
 def make_bidirectional(model: nn.Module) -> nn.Module:
     """Make ``model`` attend bidirectionally, whatever mask its callers pass. Idempotent."""
-    diffusion_config(model)
-    decoder = _decoder(model)
+    check_attention_implementation(diffusion_config(model))
+    decoder = decoder_of(model)
     for sub in decoder.modules():
         if hasattr(sub, "is_causal"):
             sub.is_causal = False
@@ -161,4 +151,4 @@ def make_bidirectional(model: nn.Module) -> nn.Module:
 
 
 def is_bidirectional(model: nn.Module) -> bool:
-    return getattr(_decoder(model), _HOOK_ATTR, None) is not None
+    return getattr(decoder_of(model), _HOOK_ATTR, None) is not None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .bidirectional import diffusion_config
+from .engines import logits_at
 
 
 def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -14,6 +15,14 @@ def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Te
     return picked - torch.logsumexp(logits, dim=-1)
 
 
+def _canvas(prompt_ids, prompt_mask, state_ids, shift):
+    if prompt_ids.shape[1] < shift:
+        raise ValueError("A model with a logit shift needs a prompt of at least one token.")
+    input_ids = torch.cat([prompt_ids, state_ids], dim=1)
+    attention_mask = torch.cat([prompt_mask, torch.ones_like(state_ids)], dim=1)
+    return input_ids, attention_mask
+
+
 def completion_logits(
     model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, state_ids: torch.Tensor
 ) -> torch.Tensor:
@@ -21,19 +30,34 @@ def completion_logits(
 
     The LM head runs only on the positions that predict the completion (one earlier for shifted models).
     """
-    config = diffusion_config(model)
-    shift = 1 if getattr(config, "diffusion_logit_shift", False) else 0
+    shift = 1 if getattr(diffusion_config(model), "diffusion_logit_shift", False) else 0
+    input_ids, attention_mask = _canvas(prompt_ids, prompt_mask, state_ids, shift)
     prompt_len, gen = prompt_ids.shape[1], state_ids.shape[1]
-    if prompt_len < shift:
-        raise ValueError("A model with a logit shift needs a prompt of at least one token.")
-    input_ids = torch.cat([prompt_ids, state_ids], dim=1)
-    attention_mask = torch.cat([prompt_mask, torch.ones_like(state_ids)], dim=1)
     positions = torch.arange(prompt_len - shift, prompt_len + gen - shift, device=input_ids.device)
     return model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=positions, use_cache=False).logits
 
 
 def completion_token_logps(
-    model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, state_ids: torch.Tensor, target_ids: torch.Tensor
+    model,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    state_ids: torch.Tensor,
+    target_ids: torch.Tensor,
+    read_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``log π(target_i | q, state)`` (B, G) in float32."""
-    return selective_log_softmax(completion_logits(model, prompt_ids, prompt_mask, state_ids), target_ids)
+    """``log π(target_i | q, state)`` (B, G) in float32.
+
+    With ``read_mask`` (B, G) the LM head and the log-softmax run only where it is set (0 is returned elsewhere):
+    the loss reads a few positions of each state, and the full-vocabulary logits of the others are never built.
+    """
+    if read_mask is None:
+        return selective_log_softmax(completion_logits(model, prompt_ids, prompt_mask, state_ids), target_ids)
+    shift = 1 if getattr(diffusion_config(model), "diffusion_logit_shift", False) else 0
+    input_ids, attention_mask = _canvas(prompt_ids, prompt_mask, state_ids, shift)
+    rows, columns = read_mask.nonzero(as_tuple=True)
+    logits, _ = logits_at(
+        model, rows, columns + (prompt_ids.shape[1] - shift),
+        input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+    )
+    logps = selective_log_softmax(logits, target_ids[rows, columns])
+    return torch.zeros(read_mask.shape, dtype=logps.dtype, device=logps.device).index_put((rows, columns), logps)

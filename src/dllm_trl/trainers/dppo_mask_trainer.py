@@ -25,7 +25,7 @@ math is :mod:`dllm_trl.losses.divergence_masks`. What this module adds is where 
 from __future__ import annotations
 
 import contextlib
-import copy
+from functools import partial
 
 import torch
 from transformers import LogitsProcessor
@@ -42,10 +42,11 @@ from ..losses.divergence_masks import (
 )
 from ..losses.rldf import INVALID_STEP, k3_kl, noisy_state
 from ..models.bidirectional import diffusion_config, is_bidirectional
+from ..models.engines import vocab_size as model_vocab_size
 from ..models.loading import checkpoint_family, load_diffusion_model, read_raw_config
 from ..models.scoring import completion_logits
 from .dppo_mask_config import DPPOMaskConfig
-from .rldf_trainer import RLDFTrainer
+from .rldf_trainer import RLDFTrainer, init_with_reference
 
 BEHAVIOUR_KEYS = ("behaviour_topk_ids", "behaviour_topk_logps", "behaviour_logps")
 """Batch keys of the causal path: μ top-K ids / log-probs (B, C, K) and μ(a) (B, C), aligned with completion_ids."""
@@ -194,7 +195,7 @@ class DPPOMaskTrainer(RLDFTrainer):
                     raise ValueError("model_kind='causal' but the model attends bidirectionally (a diffusion LM).")
             except TypeError:
                 pass
-        vocab_size = model.get_output_embeddings().weight.shape[0]
+        vocab_size = model_vocab_size(model)
         usable = vocab_size - (1 if kind == "diffusion" else 0)  # diffusion samplers never draw the mask token
         if args.divergence_top_k > usable:
             raise ValueError(
@@ -221,18 +222,10 @@ class DPPOMaskTrainer(RLDFTrainer):
                 raise ValueError(f"{unsupported}= is not supported by DPPOMaskTrainer.")
         if not args.temperature > 0:
             raise ValueError(f"temperature={args.temperature}: causal LMs sample, so it must be > 0.")
-        # As in RLDFTrainer: TRL would rebuild the reference from the policy's path (impossible for in-memory
-        # models), so we copy the policy before PEFT wraps it.
-        beta = args.beta
-        reference = None
-        if beta != 0.0 and kwargs.get("peft_config") is None and not hasattr(model, "peft_config"):
-            reference = copy.deepcopy(model)
-        args.beta = 0.0
-        try:
-            GRPOTrainer.__init__(self, model=model, reward_funcs=reward_funcs, args=args, **kwargs)
-        finally:
-            args.beta = beta
-        self.beta = beta
+        reference = init_with_reference(
+            self, partial(GRPOTrainer.__init__, self), model, args, load=create_model_from_path,
+            reward_funcs=reward_funcs, **kwargs,
+        )
         if reference is not None:
             add_fused_lm_head(reference, temperature=self.temperature, cast_lm_head_to_fp32=args.cast_lm_head_to_fp32)
             self.ref_model = self._prepare_reference(reference)
@@ -241,8 +234,11 @@ class DPPOMaskTrainer(RLDFTrainer):
             raise ValueError("DPPOMaskTrainer needs multinomial sampling (do_sample=True, num_beams=1).")
         if getattr(config, "watermarking_config", None) is not None:
             raise ValueError("A watermarking processor would change the sampled distribution after the capture.")
-        self._rollout_generator = torch.Generator(device=self.accelerator.device)  # only for checkpoint symmetry
+        # Unused on this path (TRL generates), but RLDFTrainer's checkpoint methods save and restore them.
+        self._rollout_generator = torch.Generator(device=self.accelerator.device)
         self._rollout_generator.manual_seed(args.seed + 1000003 * self.accelerator.process_index)
+        self._mask_seed_generator = torch.Generator()
+        self._mask_seed_generator.manual_seed(args.seed + 1000003 * self.accelerator.process_index)
         self._rollout = None
 
     # ------------------------------------------------------------------------------------------------ rollout

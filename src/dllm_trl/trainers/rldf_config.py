@@ -9,6 +9,9 @@ from trl import GRPOConfig
 
 from ..generation.config import CACHE_MODES, SAMPLING_STYLES, UNMASKING_MODES, DiffusionGenerationConfig
 from ..losses.estimators import ESTIMATORS
+from ..models.engines import check_launch_environment
+
+BACKWARD_MODES = ("auto", "per_step", "per_micro_batch")
 
 
 @dataclass
@@ -61,6 +64,13 @@ class RLDFConfig(GRPOConfig):
         complementary_masking (`bool`, *optional*, defaults to `False`):
             `"random_masking"` only: add a second state that masks exactly the positions the first leaves
             visible (a complementary pair: every valid token is a target of exactly one of the two).
+        backward_mode (`str`, *optional*, defaults to `"auto"`):
+            `"per_step"`: one backward per sampled step, so only one state's activations are alive (least memory;
+            SPEC §2.3). `"per_micro_batch"`: the steps' losses are summed and backpropagated once (k states'
+            activations alive, one gradient reduction). Under DDP and FSDP the per-step backwards accumulate locally
+            (no_sync), so their gradient traffic is that of one backward; DeepSpeed ZeRO-2/3 reduce gradients in
+            every backward, so there per-step costs k times the traffic. `"auto"`: `"per_micro_batch"` under
+            DeepSpeed ZeRO-2/3 with several processes, `"per_step"` otherwise. Both give the same gradients.
     """
 
     block_length: int = field(default=32, metadata={"help": "Block size of block-wise diffusion decoding."})
@@ -98,6 +108,14 @@ class RLDFConfig(GRPOConfig):
     )
     complementary_masking: bool = field(
         default=False, metadata={"help": "'random_masking' only: add the complementary mask as a second state."}
+    )
+    backward_mode: str = field(
+        default="auto",
+        metadata={
+            "help": "'per_step' (one backward per sampled step: least memory), 'per_micro_batch' (one backward: least "
+            "gradient traffic under DeepSpeed ZeRO-2/3) or 'auto' (per engine).",
+            "choices": list(BACKWARD_MODES),
+        },
     )
     # Paper 1 App. C values for fields GRPOConfig already has.
     num_generations: int | None = field(default=4, metadata={"help": "Completions per prompt (paper: 4)."})
@@ -147,6 +165,9 @@ class RLDFConfig(GRPOConfig):
                 f"complementary_masking=True applies to policy_estimator='random_masking' only "
                 f"(got {self.policy_estimator!r})."
             )
+        if self.backward_mode not in BACKWARD_MODES:
+            raise ValueError(f"backward_mode={self.backward_mode!r}: expected one of {BACKWARD_MODES}.")
+        check_launch_environment(self.use_cpu)
         if self.use_vllm:
             raise ValueError("use_vllm=True: diffusion rollouts run in the trainer; set use_vllm=False.")
         if self.sync_ref_model:

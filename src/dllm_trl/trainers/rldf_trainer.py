@@ -30,9 +30,25 @@ from trl.models import prepare_deepspeed, prepare_fsdp, unwrap_model_for_generat
 from trl.trainer.utils import disable_dropout_in_model, pad
 
 from ..generation.sampler import diffusion_generate
-from ..losses.estimators import TRAJECTORY_ESTIMATORS, estimator_state, estimator_steps, estimator_targets
+from ..losses.estimators import (
+    TRAJECTORY_ESTIMATORS,
+    estimator_candidates,
+    estimator_state,
+    estimator_steps,
+    estimator_targets,
+)
 from ..losses.rldf import INVALID_STEP, k3_kl, policy_token_terms, sample_timesteps, step_uncertainty
 from ..models.bidirectional import diffusion_config, make_bidirectional
+from ..models.engines import (
+    backward_syncs_every_call,
+    backward_without_step,
+    broadcast_from_main,
+    check_launch,
+    check_weights_pass_gradients,
+    is_partitioned,
+    paused_gradient_sync,
+    unwrap_model,
+)
 from ..models.loading import load_diffusion_model
 from ..models.scoring import completion_token_logps
 from .rldf_config import RLDFConfig
@@ -61,6 +77,68 @@ def _state_inputs(batch, rows, j, mask_token_id, args):
     return prompt_ids, batch["rollout_prompt_mask"][rows], state
 
 
+def reference_copy(model, load=None):
+    """A frozen copy of the policy as it is now, before PEFT wraps it.
+
+    A deep copy, except when DeepSpeed ZeRO-3 partitioned the weights at load (``zero3_init_flag``): no process holds
+    them whole, so the reference is loaded again from the policy's checkpoint (partitioned the same way) by
+    ``load(path, **from_pretrained_kwargs)`` — :func:`~dllm_trl.load_diffusion_model` by default.
+    """
+    if not is_partitioned(model):
+        return copy.deepcopy(model)
+    base = unwrap_model(model)
+    path = getattr(base, "name_or_path", "") or ""
+    if not path:
+        raise ValueError(
+            "DeepSpeed ZeRO-3 partitioned the policy's weights at load (zero3_init_flag: true) and the model has no "
+            "checkpoint path to load the KL reference from. Pass `model=` as a checkpoint path (or a model loaded with "
+            "`load_diffusion_model(path)`), set `beta=0.0`, or set `zero3_init_flag: false` in the accelerate config."
+        )
+    config = base.config
+    from_pretrained_kwargs = dict(dtype=base.dtype, attn_implementation=config._attn_implementation)
+    if load is None:
+        return load_diffusion_model(
+            path, mask_token_id=config.mask_token_id, logit_shift=getattr(config, "diffusion_logit_shift", False),
+            sampling=getattr(config, "diffusion_sampling", None), **from_pretrained_kwargs,
+        )
+    return load(path, **from_pretrained_kwargs)
+
+
+def init_with_reference(trainer, parent_init, model, args, load=None, **kwargs):
+    """Run ``parent_init`` (a ``GRPOTrainer.__init__``) and return the KL reference it left for us to prepare.
+
+    With PEFT, TRL's own semantics hold: the reference is the base model with adapters disabled, or — for a model
+    that already carries an adapter (SFT then RL) — TRL's frozen copy ``"ref"`` of that adapter. Otherwise TRL would
+    rebuild the reference with ``AutoModelForCausalLM`` from the policy's path, which cannot read LLaDA/Dream (nor
+    an in-memory model): :func:`reference_copy` builds it instead, and ``beta`` is hidden from TRL meanwhile.
+    """
+    beta = args.beta
+    peft = kwargs.get("peft_config") is not None or hasattr(model, "peft_config")
+    reference = reference_copy(model, load) if beta != 0.0 and not peft else None
+    if reference is not None:
+        args.beta = 0.0
+    try:
+        parent_init(model=model, args=args, **kwargs)
+    finally:
+        args.beta = beta
+    trainer.beta = beta
+    check_launch(trainer.accelerator)
+    return reference
+
+
+def _state_candidates(batch, rows, j, args):
+    """(rows, G) bool: the positions of state ``j`` whose log-prob a loss term may read (a superset of its targets,
+    which for RLDF are only known once π_old is scored), so that scoring passes run the LM head there only."""
+    seed = batch.get("mask_seed")
+    return estimator_candidates(
+        args.policy_estimator,
+        commit_step=batch["commit_step"][rows],
+        valid_mask=batch["valid_mask"][rows],
+        step=batch["sampled_steps"][rows, j],
+        mask_seed=None if seed is None else seed[rows],
+    )
+
+
 class RLDFTrainer(GRPOTrainer):
     """GRPO-style trainer for masked diffusion LMs with the RLDF policy loss.
 
@@ -87,18 +165,7 @@ class RLDFTrainer(GRPOTrainer):
         if isinstance(model, str):
             model = load_diffusion_model(model, **dict(args.model_init_kwargs or {}))
         make_bidirectional(model)
-        # TRL rebuilds the reference with AutoModelForCausalLM from the policy's path, which cannot read
-        # LLaDA/Dream checkpoints; we build it ourselves from the policy before PEFT wraps it.
-        beta = args.beta
-        reference = None
-        if beta != 0.0 and kwargs.get("peft_config") is None and not hasattr(model, "peft_config"):
-            reference = copy.deepcopy(model)
-        args.beta = 0.0
-        try:
-            super().__init__(model=model, reward_funcs=reward_funcs, args=args, **kwargs)
-        finally:
-            args.beta = beta
-        self.beta = beta
+        reference = init_with_reference(self, super().__init__, model, args, reward_funcs=reward_funcs, **kwargs)
         if reference is not None:
             self.ref_model = self._prepare_reference(reference)
 
@@ -116,6 +183,8 @@ class RLDFTrainer(GRPOTrainer):
         reference.eval()
         if self.args.disable_dropout:
             disable_dropout_in_model(reference)
+        if not is_partitioned(reference):  # a partitioned reference was loaded shard by shard from the checkpoint
+            broadcast_from_main(reference, self.accelerator)
         if self.is_deepspeed_enabled:
             return prepare_deepspeed(reference, self.accelerator)
         if self.is_fsdp_enabled:
@@ -142,12 +211,12 @@ class RLDFTrainer(GRPOTrainer):
             ) as unwrapped,
             torch.no_grad(),
         ):
-            was_training = unwrapped.training
-            unwrapped.eval()
+            # The mode stays as it is, as in TRL's own generation (dropout is off by `disable_dropout`): bitsandbytes
+            # repacks 4-bit weights on CPU for inference at the first eval-mode forward, after which they pass no
+            # gradient, so an eval() here would silently stop QLoRA from learning.
             output = diffusion_generate(
                 unwrapped, prompt_tensor, prompt_mask, self.diffusion_generation_config, self._rollout_generator
             )
-            unwrapped.train(was_training)
         rollout_seconds = time.perf_counter() - start
 
         num_steps = int(output.num_steps.max().item()) if output.num_steps.numel() else 0
@@ -219,7 +288,10 @@ class RLDFTrainer(GRPOTrainer):
             active = (sampled[:, j] != INVALID_STEP).nonzero().squeeze(1)
             for part in active.split(chunk) if active.numel() else ():
                 prompt_ids, prompt_mask, state = _state_inputs(batch, part, j, mask_id, self.args)
-                out[part, j] = completion_token_logps(model, prompt_ids, prompt_mask, state, batch["rollout_ids"][part])
+                read = _state_candidates(batch, part, j, self.args)
+                out[part, j] = completion_token_logps(
+                    model, prompt_ids, prompt_mask, state, batch["rollout_ids"][part], read_mask=read
+                )
         return out
 
     def _generate_and_score_completions(self, inputs):
@@ -272,11 +344,11 @@ class RLDFTrainer(GRPOTrainer):
 
     # --------------------------------------------------------------------------------------------------- loss
     def _compute_loss(self, model, inputs):
-        """RLDF loss (Eq. 7–10): one forward and, in training, one backward per sampled step.
+        """RLDF loss (Eq. 7–10): one forward per sampled step; in training, one backward per step or one in all.
 
-        The returned tensor carries the whole micro-batch loss as its value but only the last step's graph:
-        earlier steps were already backpropagated here (activations of one step alive at a time, SPEC §2.3),
-        and the trainer backpropagates the rest.
+        The returned tensor carries the whole micro-batch loss as its value. With per-step backward (see
+        ``backward_mode``) it carries only the last step's graph: earlier steps were already backpropagated here
+        (activations of one step alive at a time, SPEC §2.3), and the trainer backpropagates the rest.
         """
         mode = "train" if self.model.training else "eval"
         start = time.perf_counter()
@@ -286,22 +358,25 @@ class RLDFTrainer(GRPOTrainer):
         ratio_all = torch.ones_like(kl)
         step_valid = sampled != INVALID_STEP
         active_steps = step_valid.any(0).nonzero().squeeze(1).tolist()
-        backward_each_step = mode == "train" and torch.is_grad_enabled() and len(active_steps) > 1
+        training = mode == "train" and torch.is_grad_enabled()
+        if training:
+            check_weights_pass_gradients(model)
+        backward_each_step = training and len(active_steps) > 1 and self._per_step_backward
         total = torch.zeros((), device=targets.device)
-        last = None
+        graph = None  # what the Trainer backpropagates: the last step (per-step backward) or all of them
         for n, j in enumerate(active_steps):
             early = backward_each_step and n < len(active_steps) - 1
             # DDP decides at forward time whether the backward synchronises: only the last step may.
-            with self.accelerator.no_sync(model) if early else contextlib.nullcontext():
+            with paused_gradient_sync(self.accelerator, model) if early else contextlib.nullcontext():
                 step_loss = self._step_loss(model, inputs, j, normalizer, kl, ratio_all)
                 if early:
-                    self._backward_step(step_loss)
-                else:
-                    last = step_loss
+                    backward_without_step(self.accelerator, step_loss)
             total = total + step_loss.detach()
-        if last is None:  # nothing to learn from: a zero that still flows through the model (DDP needs a graph)
-            last = self._zero_loss(model, inputs)
-        loss = last + (total - last.detach())
+            if not early:
+                graph = step_loss if graph is None else graph + step_loss
+        if graph is None:  # nothing to learn from: a zero that still flows through the model (DDP needs a graph)
+            graph = self._zero_loss(model, inputs)
+        loss = graph + (total - graph.detach())
         self._log_rldf_metrics(mode, targets, step_valid, inputs["valid_mask"].bool(), kl, ratio_all,
                                inputs["advantages"], "old_per_token_logps" in inputs)
         self._metrics[mode]["rldf/loss_time"].append(time.perf_counter() - start)
@@ -314,7 +389,8 @@ class RLDFTrainer(GRPOTrainer):
         rollout_ids = inputs["rollout_ids"][active]
         mask_id = diffusion_config(model).mask_token_id
         prompt_ids, prompt_mask, state = _state_inputs(inputs, active, j, mask_id, self.args)
-        logps = completion_token_logps(model, prompt_ids, prompt_mask, state, rollout_ids)
+        read = inputs["target_mask"][active, j]
+        logps = completion_token_logps(model, prompt_ids, prompt_mask, state, rollout_ids, read_mask=read)
         old_all, ref_all = inputs.get("old_per_token_logps"), inputs.get("ref_per_token_logps")
         old = None if old_all is None else old_all[active, j]
         terms, ratio = policy_token_terms(logps, inputs["advantages"][active], old, self.epsilon_low, self.epsilon_high)
@@ -347,12 +423,12 @@ class RLDFTrainer(GRPOTrainer):
         steps = (sampled != INVALID_STEP).sum(-1, keepdim=True).clamp(min=1)
         return 1.0 / (per_step * steps * sampled.shape[0] * accumulation)
 
-    def _backward_step(self, loss):
-        """Backpropagate one sampled step's loss now (the caller holds DDP/FSDP's ``no_sync``)."""
-        if self.is_deepspeed_enabled:
-            self.accelerator.deepspeed_engine_wrapped.backward(loss, sync_gradients=False, scale_wrt_gas=False)
-        else:
-            self.accelerator.backward(loss)
+    @property
+    def _per_step_backward(self) -> bool:
+        """``args.backward_mode`` resolved for this engine (``"auto"``: see :class:`RLDFConfig`)."""
+        if self.args.backward_mode == "auto":
+            return not backward_syncs_every_call(self.accelerator)
+        return self.args.backward_mode == "per_step"
 
     def _zero_loss(self, model, inputs):
         state = inputs["rollout_ids"][:1]

@@ -1,0 +1,240 @@
+"""Which engine wraps the model, known in one place: DDP, DeepSpeed, FSDP (1 and 2), torch.compile and PEFT.
+
+Trainers, the sampler and the scoring passes reach the model only through this module:
+
+* :func:`unwrap_model` / :func:`model_config` / :func:`vocab_size` read the transformers model and its config through
+  every wrapper (a ``DeepSpeedEngine`` has a ``.config`` of its own, and sharded weights have no meaningful local
+  shape, so sizes always come from the config);
+* :func:`logits_at` runs the wrapped module's own forward, so that every engine's hooks fire (FSDP2's root unit
+  gathers the embeddings and the LM head, ZeRO-3 gathers each layer, PEFT applies its adapters), while the LM head
+  runs only at the positions the caller reads;
+* :func:`paused_gradient_sync` / :func:`backward_without_step` / :func:`backward_syncs_every_call` are what a trainer
+  needs to backpropagate one sampled step at a time under each engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+
+SUPPORTED_ATTENTION = ("eager", "sdpa")
+"""Attention implementations that take the explicit bidirectional 4-D mask (see :mod:`.bidirectional`)."""
+
+
+def _is_wrapper(model: nn.Module) -> bool:
+    names = {cls.__name__ for cls in type(model).__mro__}
+    return bool(names & {"DistributedDataParallel", "DeepSpeedEngine", "FullyShardedDataParallel"})
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The transformers model inside any DDP / DeepSpeed / FSDP1 / torch.compile / PEFT wrappers.
+
+    FSDP2 (``fully_shard``) shards a module in place, so an FSDP2 model is returned as it is.
+    """
+    while True:
+        if hasattr(model, "_orig_mod"):  # torch.compile
+            model = model._orig_mod
+        elif _is_wrapper(model) and isinstance(getattr(model, "module", None), nn.Module):
+            model = model.module
+        elif callable(getattr(model, "get_base_model", None)):  # PEFT
+            base = model.get_base_model()
+            if base is model:
+                return model
+            model = base
+        else:
+            return model
+
+
+def model_config(model: nn.Module):
+    """The transformers config of ``model``, through any wrapper."""
+    config = getattr(unwrap_model(model), "config", None)
+    if config is None:
+        raise TypeError(f"{type(model).__name__} wraps no transformers model (no `.config`).")
+    return config
+
+
+def vocab_size(model: nn.Module) -> int:
+    """Rows of the output vocabulary, from the config (a sharded weight's local shape says nothing)."""
+    config = model_config(model)
+    return int(config.get_text_config().vocab_size)
+
+
+def decoder_of(model: nn.Module) -> nn.Module:
+    """The ``*Model`` decoder inside a ``*ForCausalLM`` (through any wrapper)."""
+    base = unwrap_model(model)
+    decoder = getattr(base, "model", None)
+    if decoder is None or not hasattr(decoder, "layers"):
+        raise TypeError(
+            f"{type(base).__name__} does not look like a transformers *ForCausalLM with a `.model.layers` decoder."
+        )
+    return decoder
+
+
+def check_attention_implementation(config) -> None:
+    """Refuse attention kernels that cannot take the explicit bidirectional mask."""
+    implementation = getattr(config, "_attn_implementation", None) or "eager"
+    if implementation not in SUPPORTED_ATTENTION:
+        raise ValueError(
+            f"attn_implementation={implementation!r} is not supported for diffusion LMs: it cannot take the explicit "
+            "bidirectional attention mask (FlashAttention builds its own causal/varlen masks), so the model would "
+            f"silently attend causally or to padding. Load the model with attn_implementation='sdpa' (fast, fused "
+            "on GPU) or 'eager'."
+        )
+
+
+def logits_at(model: nn.Module, rows: torch.Tensor, columns: torch.Tensor, **forward_kwargs):
+    """Run ``model``'s own forward (wrappers included) and return ``(logits (N, V), past_key_values)`` at the
+    ``N`` positions ``(rows[n], columns[n])`` of the input, so the LM head runs only where the caller reads.
+
+    A forward hook on the decoder keeps only those hidden states; the model's own forward then applies its head (and
+    anything it does to logits) to them, inside the forward where FSDP2 / ZeRO-3 have the head's weights gathered.
+    """
+    decoder = decoder_of(model)
+
+    def keep_positions(module, args, output):
+        output.last_hidden_state = output.last_hidden_state[rows, columns].unsqueeze(0)
+        return output
+
+    handle = decoder.register_forward_hook(keep_positions)
+    try:
+        output = model(**forward_kwargs, logits_to_keep=0)
+    finally:
+        handle.remove()
+    return output.logits[0], output.past_key_values
+
+
+def is_deepspeed(accelerator) -> bool:
+    return getattr(accelerator.state, "deepspeed_plugin", None) is not None
+
+
+def backward_syncs_every_call(accelerator) -> bool:
+    """Whether every ``backward`` call communicates gradients whatever the accumulation state.
+
+    DeepSpeed cannot skip its gradient reduction for a backward that is not the last of the micro-batch (ZeRO-2/3
+    reduce-scatter in every backward; its ``no_sync`` refuses them), so there one backward per micro-batch is cheaper.
+    DDP and FSDP accumulate locally under ``no_sync``.
+    """
+    return is_deepspeed(accelerator) and accelerator.num_processes > 1
+
+
+@contextlib.contextmanager
+def paused_gradient_sync(accelerator, model: nn.Module):
+    """No gradient synchronisation for the backward calls inside; on exit the sync state is what it was before.
+
+    ``Accelerator.no_sync`` turns FSDP2's sync back *on* when it exits, which would cancel the Trainer's own
+    ``no_sync`` around a gradient-accumulation micro-batch; DDP's ``no_sync`` restores the previous state itself.
+    """
+    if getattr(accelerator, "is_fsdp2", False):
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            # The Trainer syncs only on the last micro-batch of an accumulation step (or every one when asked to).
+            sync_each = accelerator.gradient_state.plugin_kwargs.get("sync_each_batch", False)
+            model.set_requires_gradient_sync(bool(accelerator.sync_gradients or sync_each))
+    else:
+        with accelerator.no_sync(model):
+            yield
+
+
+def backward_without_step(accelerator, loss: torch.Tensor) -> None:
+    """Backpropagate ``loss`` now, leaving the optimizer step to the Trainer (DeepSpeed's wrapper would step)."""
+    if is_deepspeed(accelerator):
+        accelerator.deepspeed_engine_wrapped.backward(loss, sync_gradients=False, scale_wrt_gas=False)
+    else:
+        accelerator.backward(loss)
+
+
+def is_partitioned(model: nn.Module) -> bool:
+    """Whether the weights were partitioned at load (DeepSpeed ZeRO-3 ``zero3_init_flag``): no rank holds them whole."""
+    return any(hasattr(p, "ds_id") for p in unwrap_model(model).parameters())
+
+
+def is_fsdp(accelerator) -> bool:
+    return getattr(accelerator.state, "fsdp_plugin", None) is not None
+
+
+def broadcast_from_main(module: nn.Module, accelerator) -> None:
+    """Copy the main process's parameters and buffers into ``module`` on every process.
+
+    A model built or loaded per process need not be the same everywhere: with FSDP's ``cpu_ram_efficient_loading``
+    transformers loads the weights on rank 0 only and zeros elsewhere, for the engine to broadcast when it prepares
+    the policy. A module the engine never prepares that way (the frozen reference) is broadcast here. Tensors are
+    sent where they are: CPU tensors over a gloo group (NCCL cannot send them).
+    """
+    if accelerator.num_processes == 1:
+        return
+    import torch.distributed as dist
+
+    tensors = [t for t in list(module.parameters()) + list(module.buffers()) if t.device.type != "meta"]
+    if not tensors:
+        return
+    on_cpu = tensors[0].device.type == "cpu"
+    group = dist.new_group(backend="gloo") if on_cpu and dist.get_backend() != "gloo" else None
+    with torch.no_grad():
+        for tensor in tensors:
+            dist.broadcast(tensor.data, src=0, group=group)
+    if group is not None:
+        dist.destroy_process_group(group)
+
+
+def check_launch(accelerator) -> None:
+    """Refuse a launch that would not run what it asked for: processes that did not join one process group (each
+    would train alone), or an engine config that accelerate silently replaced by plain data parallel."""
+    import os
+
+    for variable, engine, active in (
+        ("ACCELERATE_USE_FSDP", "FSDP", is_fsdp(accelerator)),
+        ("ACCELERATE_USE_DEEPSPEED", "DeepSpeed", is_deepspeed(accelerator)),
+    ):
+        if os.environ.get(variable, "false").lower() == "true" and not active:
+            raise RuntimeError(
+                f"This run was launched with a {engine} config, but accelerate set up "
+                f"{accelerator.distributed_type.value} instead"
+                + (" (accelerate enables FSDP only on GPUs)" if engine == "FSDP" else "")
+                + f", so the {engine} settings would be silently ignored. On a machine without GPUs use "
+                "examples/accelerate_configs/multi_gpu.yaml with the script flag `--use_cpu true`"
+                + (" (DeepSpeed runs on CPU with DS_ACCELERATOR=cpu)" if engine == "DeepSpeed" else "") + "."
+            )
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if launched > 1 and accelerator.num_processes == 1:
+        raise RuntimeError(_alone_message(launched))
+
+
+def _alone_message(launched: int) -> str:
+    return (
+        f"{launched} processes were launched (WORLD_SIZE={launched}) but this one would run alone: no process group "
+        "is initialised without an accelerator, so each process would train its own copy into the same output_dir. "
+        "On a machine without GPUs set use_cpu=True (script flag `--use_cpu true`, gloo backend), e.g. `accelerate "
+        "launch --multi_gpu --num_processes 2 examples/rldf_math.py --use_cpu true`; on GPUs check that CUDA is visible."
+    )
+
+
+def check_launch_environment(use_cpu: bool) -> None:
+    """Before the training arguments set up distribution: refuse a multi-process launch that would run alone."""
+    import os
+
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if launched > 1 and not use_cpu and not torch.accelerator.is_available():
+        raise ValueError(_alone_message(launched))
+
+
+def check_weights_pass_gradients(model: nn.Module) -> None:
+    """Refuse to train through bitsandbytes 4-bit layers repacked for CPU inference.
+
+    On CPU, bitsandbytes repacks a 4-bit weight for a faster inference kernel at the first forward in eval mode and
+    keeps it that way; that kernel has no backward, so every gradient upstream of it (the LoRA adapters of QLoRA)
+    would silently be zero.
+    """
+    packed = [
+        name for name, module in unwrap_model(model).named_modules()
+        if getattr(getattr(getattr(module, "weight", None), "quant_state", None), "packing_format_for_cpu", False)
+    ]
+    if packed:
+        raise RuntimeError(
+            f"{len(packed)} 4-bit layers (e.g. {packed[0]}) were repacked by bitsandbytes for CPU inference when the "
+            "model ran in eval mode, and no longer pass gradients: on CPU, train a 4-bit model before evaluating it "
+            "with model.eval(), or reload it."
+        )
