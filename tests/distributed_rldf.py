@@ -4,7 +4,8 @@
 Usage: ``distributed_rldf.py OUTPUT_DIR [key=value ...]``; keys: ``model`` (``memory`` for a tiny in-memory LLaDA,
 else a checkpoint folder, loaded *after* the training arguments so that ZeRO-3 can partition it at load), ``beta``,
 ``backward_mode`` (passed only when given), ``steps``, ``save`` (``1``: a checkpoint at the last step),
-``fsdp_on_cpu`` (see :func:`fsdp_state_on_cpu`), ``use_cpu``. Every process checks that its view of the full
+``fsdp_on_cpu`` (see :func:`fsdp_state_on_cpu`), ``use_cpu``, ``count_comm`` (count collectives during training,
+for ``benchmarks/engines.py``). Every process checks that its view of the full
 parameters equals the others'; rank 0 writes ``OUTPUT_DIR/result.pt`` (losses, KLs, the full trained parameters,
 the engine that ran). The harness reads the engines through accelerate and torch only, not through the code under
 test.
@@ -14,10 +15,12 @@ from __future__ import annotations
 
 import math
 import os
+import resource
 import sys
 
 import torch
 from torch.distributed.tensor import DTensor
+from transformers import TrainerCallback
 
 sys.path.insert(0, __file__.rsplit("/", 2)[0])
 
@@ -29,13 +32,51 @@ from dllm_trl.trainers import RLDFConfig, RLDFTrainer  # noqa: E402
 
 
 def parse(argv):
-    options = dict(model="memory", beta="0.01", backward_mode="", steps="2", save="0", fsdp_on_cpu="0", use_cpu="1")
+    options = dict(model="memory", beta="0.01", backward_mode="", steps="2", save="0", fsdp_on_cpu="0", use_cpu="1",
+                   count_comm="0")
     for item in argv:
         key, value = item.split("=", 1)
         if key not in options:
             raise SystemExit(f"unknown option {key!r}")
         options[key] = value
     return options
+
+
+COMMUNICATION = {"calls": 0, "bytes": 0, "on": False}
+
+
+def count_collectives():
+    """Count the calls and bytes of torch.distributed's collectives while ``COMMUNICATION["on"]`` (before any engine
+    captures the functions), for the engine benchmark."""
+    import torch.distributed as dist
+
+    def counted(function):
+        def wrapper(*args, **kwargs):
+            if COMMUNICATION["on"]:
+                first = next(iter(args), None) if args else next(iter(kwargs.values()), None)
+                first = first[0] if isinstance(first, (list, tuple)) else first
+                COMMUNICATION["calls"] += 1
+                COMMUNICATION["bytes"] += first.numel() * first.element_size() if torch.is_tensor(first) else 0
+            return function(*args, **kwargs)
+
+        return wrapper
+
+    for name in ("all_reduce", "reduce_scatter_tensor", "reduce_scatter", "all_gather_into_tensor", "all_gather",
+                 "broadcast", "reduce"):
+        setattr(dist, name, counted(getattr(dist, name)))
+
+
+class CommunicationPerStep(TrainerCallback):
+    """Collective calls and bytes of each optimizer step (the first one also holds the engine's set-up)."""
+
+    def __init__(self):
+        self.marks = [(0, 0)]
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.marks.append((COMMUNICATION["calls"], COMMUNICATION["bytes"]))
+        COMMUNICATION.setdefault("per_step", []).append(
+            tuple(now - before for now, before in zip(self.marks[-1], self.marks[-2]))
+        )
 
 
 def fsdp_state_on_cpu():
@@ -72,6 +113,8 @@ def main(output_dir: str, options: dict):
     torch.set_num_threads(1)
     tokenizer = make_char_tokenizer()
     extra = {}
+    if options["count_comm"] == "1":
+        count_collectives()
     if options["fsdp_on_cpu"] == "1":
         fsdp_state_on_cpu()
         extra["accelerator_config"] = {"use_configured_state": True}
@@ -95,7 +138,10 @@ def main(output_dir: str, options: dict):
     partitioned_at_load = any(hasattr(p, "ds_id") for p in model.parameters())
     trainer = RLDFTrainer(model=model, reward_funcs=length_reward, args=args, train_dataset=addition_dataset(),
                           processing_class=tokenizer)
+    COMMUNICATION["on"] = options["count_comm"] == "1"
+    trainer.add_callback(CommunicationPerStep())
     trainer.train()
+    COMMUNICATION["on"] = False
 
     logs = [entry for entry in trainer.state.log_history if "loss" in entry]
     losses = [entry["loss"] for entry in logs]
@@ -104,6 +150,9 @@ def main(output_dir: str, options: dict):
     # Every process's view of the full parameters must be the same (replicas in sync, shards consistent).
     views = trainer.accelerator.gather(full_parameters(trainer.model_wrapped).unsqueeze(0))
     assert all(torch.equal(views[0], view) for view in views), "parameters differ across processes"
+    COMMUNICATION["on"] = False
+    rss = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0])
+    peak_rss = trainer.accelerator.gather(rss).max().item()
     state = trainer.accelerator.get_state_dict(trainer.model_wrapped)  # full weights, gathered from the shards
     if trainer.accelerator.is_main_process:
         params = {name: value.detach().float().cpu().clone() for name, value in state.items()}
@@ -120,6 +169,9 @@ def main(output_dir: str, options: dict):
                 "sharded": sharded,
                 "distributed_type": str(trainer.accelerator.distributed_type),
                 "mixed_precision": str(trainer.accelerator.mixed_precision),
+                "step_time": [entry.get("step_time") for entry in logs],
+                "collectives_per_step": COMMUNICATION.get("per_step", []),
+                "peak_rss_mib": peak_rss,
             },
             os.path.join(output_dir, "result.pt"),
         )

@@ -11,6 +11,7 @@ unmodified. The shipped configs that cannot run here must stop with a clear mess
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +31,12 @@ AGREEMENT = dict(atol=1e-5, rtol=0)
 """Parameters after two steps vs the DDP run: float32 reductions in another order differ by ~1e-7."""
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def launch(out: Path, *options: str, config: str | None = "multi_gpu", processes: int = 2, check: bool = True):
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", CUDA_VISIBLE_DEVICES="",
                DS_ACCELERATOR="cpu")
@@ -37,7 +44,7 @@ def launch(out: Path, *options: str, config: str | None = "multi_gpu", processes
     if config is not None:
         command += ["--config_file", str(CONFIGS / f"{config}.yaml")]
     command += ["--num_processes", str(processes), "--num_machines", "1", "--mixed_precision", "no",
-                "--dynamo_backend", "no", str(SCRIPT), str(out), *options]
+                "--dynamo_backend", "no", "--main_process_port", str(free_port()), str(SCRIPT), str(out), *options]
     done = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
     output = done.stdout + done.stderr
     if check:
@@ -60,7 +67,7 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ddp(checkpoint, tmp_path_factory):
-    return launch(tmp_path_factory.mktemp("ddp"), f"model={checkpoint}", "backward_mode=per_step")
+    return launch(tmp_path_factory.mktemp("ddp"), f"model={checkpoint}")  # auto: per-step backward under DDP
 
 
 def assert_agrees(result, reference):
