@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 
 from ..models.bidirectional import attention_mask_4d, diffusion_config, eos_token_ids, mask_dtype_for
+from .cache import CanvasCache, cache_keyword
 from .config import DiffusionGenerationConfig
 
 NEVER_COMMITTED = 2**31 - 1
@@ -105,68 +105,29 @@ def _draw_candidates(logits, mask_token_id, temperature, top_p, top_k, sampling,
     return candidate, confidence, log_probs
 
 
-class _Window(NamedTuple):
-    """What a cached step of one block feeds: canvas positions [start, end) plus the kept keys/values."""
+def _block_window(cache_mode: str, start: int, end: int, total: int, shift: int) -> slice | None:
+    """The canvas positions a cached step of block [start, end) feeds under ``cache_mode`` (None without a cache).
 
-    start: int
-    end: int
-    cached: torch.Tensor  # canvas positions whose keys/values stay in the cache, in cache order
-
-
-def _block_window(cache_mode: str, start: int, end: int, total: int, shift: int, device) -> _Window | None:
-    """The window of block [start, end) under ``cache_mode`` (None without a cache).
-
-    A shifted model predicts position j from j - 1, so the window starts one position early. Prefix cache
-    feeds the block and everything after it; dual cache feeds only the block.
+    A shifted model predicts position j from j - 1, so the window starts one position early. Prefix cache feeds
+    the block and everything after it; dual cache feeds only the block.
     """
     if cache_mode == "none":
         return None
-    win_start, win_end = start - shift, (end if cache_mode == "dual" else total)
-    cached = torch.cat([torch.arange(0, win_start, device=device), torch.arange(win_end, total, device=device)])
-    return _Window(win_start, win_end, cached)
+    return slice(start - shift, end if cache_mode == "dual" else total)
 
 
-def _decode(decoder, ids, positions, key_mask, cache, use_cache, mask_dtype):
-    """Last hidden states of ``ids`` at ``positions`` (shared by all rows), attending to the keys of
-    ``key_mask`` (cached keys first)."""
-    batch = ids.shape[0]
-    mask = attention_mask_4d(key_mask, batch, ids.shape[1], key_mask.shape[1], ids.device, mask_dtype)
-    out = decoder(
-        input_ids=ids,
-        attention_mask=mask,
-        position_ids=positions.unsqueeze(0).expand(batch, -1),
-        past_key_values=cache,
-        use_cache=use_cache,
-    )
-    return out.last_hidden_state, out.past_key_values
+def _logits_at(decoder, head, ids, positions, mask, cache, rows, columns):
+    """The sampler's one model call: float logits ``(n, V)`` at the fed positions ``(rows, columns)``.
 
-
-def _full_forward(decoder, canvas, key_mask, window: _Window | None, mask_dtype):
-    """Hidden states of the whole canvas (B, P+G, d).
-
-    With a ``window`` it also (re)builds the block's cache: post-RoPE keys/values of the positions outside
-    the window, taken from this very forward (so the next cached step starts exact).
+    ``ids`` and ``positions`` (B, q): the fed canvas positions and their position ids; ``mask`` (B, 1, q, P+G):
+    the keys each query attends to; ``cache``: the :class:`CanvasCache` the call reads and writes in place (None
+    without a cache). Only the read positions go through the LM head.
     """
-    positions = torch.arange(canvas.shape[1], device=canvas.device)
-    hidden, cache = _decode(decoder, canvas, positions, key_mask, None, window is not None, mask_dtype)
-    if window is not None:
-        for layer in cache.layers:
-            layer.keys = layer.keys.index_select(-2, window.cached)
-            layer.values = layer.values.index_select(-2, window.cached)
-    return hidden, cache
-
-
-def _cached_forward(decoder, canvas, key_mask, cache, window: _Window, mask_dtype):
-    """Hidden states of the window only (B, window.end - window.start, d), attending to the cached keys
-    too. The window's own keys/values are dropped again afterwards."""
-    keys = torch.cat([key_mask[:, window.cached], key_mask[:, window.start : window.end]], dim=1)
-    positions = torch.arange(window.start, window.end, device=canvas.device)
-    hidden, cache = _decode(decoder, canvas[:, window.start : window.end], positions, keys, cache, True, mask_dtype)
-    kept = window.cached.numel()
-    for layer in cache.layers:
-        layer.keys = layer.keys[..., :kept, :]
-        layer.values = layer.values[..., :kept, :]
-    return hidden
+    out = decoder(
+        input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=cache is not None,
+        **{cache_keyword(decoder): cache},
+    )
+    return head(out.last_hidden_state[rows, columns]).float(), cache
 
 
 def _dense_step_ranks(commit_step: torch.Tensor, total_steps: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -224,6 +185,11 @@ def diffusion_generate(
     topk_logps = torch.full((batch, gen, topk), float("-inf"), device=device) if topk else None
     mask_dtype = mask_dtype_for(model, model.get_input_embeddings().weight.dtype)
     decoder, head = model.get_decoder(), model.get_output_embeddings()
+    # Keys stay in canvas order in every call, cached or not, so one key mask and one row of position ids serve
+    # the whole rollout: a call feeding canvas positions ``fed`` takes their rows of both (views, no copies).
+    key_mask_4d = attention_mask_4d(key_mask, batch, 1, total, device, mask_dtype).expand(batch, 1, total, total)
+    positions = torch.arange(total, device=device).expand(batch, total)
+    cache = None if cfg.cache == "none" else CanvasCache(config.num_hidden_layers, total)
     eos_tensor = torch.tensor(eos_ids, device=device)
     steps_per_block = cfg.total_steps // cfg.num_blocks
     schedule = static_schedule(block, steps_per_block) if cfg.unmasking == "static" else None
@@ -232,8 +198,10 @@ def diffusion_generate(
     for block_index in range(cfg.num_blocks):
         start = prompt_len + block_index * block
         end = start + block
-        window = _block_window(cfg.cache, start, end, total, shift, device)
-        cache = None
+        window = _block_window(cfg.cache, start, end, total, shift)
+        if cache is not None:
+            cache.window_start = window.start
+        fed = slice(0, total)  # a block's first step runs the whole canvas (and so refreshes the cache)
         step_in_block = 0
         while True:
             block_masked = canvas[:, start:end] == mask_id
@@ -244,20 +212,17 @@ def diffusion_generate(
                 raise RuntimeError(f"block {block_index} still has masks after {block} steps: no token was committed.")
             if step_callback is not None:
                 step_callback(step, canvas)
-            if cache is None:
-                # Without a cache every step is a full forward; with one, the block's first step refreshes it.
-                hidden, cache = _full_forward(decoder, canvas, key_mask, window, mask_dtype)
-                first = 0
-            else:
-                hidden = _cached_forward(decoder, canvas, key_mask, cache, window, mask_dtype)
-                first = window.start
+            # The LM head and the softmax over the vocabulary dominate small shapes: read only each row's
+            # still-masked block positions. A shifted model predicts position j from the output at j - 1.
+            logits, cache = _logits_at(
+                decoder, head, canvas[:, fed], positions[:, fed], key_mask_4d[:, :, fed], cache,
+                rows, start - shift - fed.start + columns,
+            )
             nfe += 1
-            # The LM head and the softmax over the vocabulary dominate small shapes: apply them only where
-            # this step reads, each row's still-masked block positions. A shifted model predicts position j
-            # from the output at j - 1.
-            logits = head(hidden[rows, start - shift - first + columns])
+            if window is not None:  # the block's later steps feed only the cache mode's window
+                fed = window
             candidate, confidence, log_probs = _draw_candidates(
-                logits.float(), mask_id, cfg.temperature, cfg.top_p, cfg.top_k, sampling, generator
+                logits, mask_id, cfg.temperature, cfg.top_p, cfg.top_k, sampling, generator
             )
             score = torch.full((batch, block), -1.0, device=device).index_put_((rows, columns), confidence)
             if schedule is None:
