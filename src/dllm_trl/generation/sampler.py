@@ -85,9 +85,17 @@ def draw_candidates(
     )
 
 
-def _draw_candidates(logits, mask_token_id, temperature, top_p, top_k, sampling, generator):
-    """:func:`draw_candidates` on float32 ``logits`` that it may overwrite (the sampler's own, saving a copy)."""
+def _draw_candidates(logits, mask_token_id, temperature, top_p, top_k, sampling, generator, with_log_probs=True):
+    """:func:`draw_candidates` on float32 ``logits`` that it may overwrite (the sampler's own, saving a copy).
+
+    Greedy without ``with_log_probs`` returns ``log_probs=None`` and works in place: at a 126k vocabulary a fresh
+    (n, V) tensor per step costs about as much as the rest of the draw.
+    """
     logits[..., mask_token_id] = float("-inf")
+    if temperature == 0 and not with_log_probs:
+        top, candidate = logits.max(-1)
+        confidence = logits.sub_(top.unsqueeze(-1)).exp_().sum(-1).reciprocal()  # softmax at the argmax
+        return candidate, confidence, None
     if temperature > 0:
         logits = _truncate_logits(logits / temperature, top_k, top_p)
     log_probs = torch.log_softmax(logits, dim=-1)
@@ -222,7 +230,7 @@ def diffusion_generate(
             if window is not None:  # the block's later steps feed only the cache mode's window
                 fed = window
             candidate, confidence, log_probs = _draw_candidates(
-                logits, mask_id, cfg.temperature, cfg.top_p, cfg.top_k, sampling, generator
+                logits, mask_id, cfg.temperature, cfg.top_p, cfg.top_k, sampling, generator, with_log_probs=topk > 0
             )
             score = torch.full((batch, block), -1.0, device=device).index_put_((rows, columns), confidence)
             if schedule is None:
