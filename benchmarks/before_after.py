@@ -106,18 +106,32 @@ def run_worker(script: str | Path, spec: dict, side: Side, timeout: float | None
 
 
 def run_interleaved(script, specs: list[dict], sides: list[Side], repeats: int = 3, timeout: float | None = None,
-                    log=print) -> dict[tuple[str, int], list[dict]]:
-    """Every (spec, side) ``repeats`` times, interleaved; results keyed by ``(side.name, spec index)``."""
+                    save: Path | None = None, log=print) -> dict[tuple[str, int], list[dict]]:
+    """Every (spec, side) ``repeats`` times, interleaved; results keyed by ``(side.name, spec index)``.
+
+    With ``save``, results already in that JSON-lines file are reused and each new one is appended as it
+    arrives, so a long run that is stopped resumes where it was."""
     jobs = [(side, index) for index in range(len(specs)) for side in sides]
     results: dict[tuple[str, int], list[dict]] = {(side.name, index): [] for side, index in jobs}
+    if save is not None and Path(save).exists():
+        for line in Path(save).read_text().splitlines():
+            record = json.loads(line)
+            if record["spec"] in specs and (record["side"], specs.index(record["spec"])) in results:
+                results[(record["side"], specs.index(record["spec"]))].append(record["result"])
     for repeat in range(repeats):
         shift = repeat % len(jobs)
         for side, index in jobs[shift:] + jobs[:shift]:
+            if len(results[(side.name, index)]) > repeat:
+                continue
             result = run_worker(script, specs[index], side, timeout)
             results[(side.name, index)].append(result)
+            if save is not None:
+                with open(save, "a") as file:
+                    file.write(json.dumps({"side": side.name, "spec": specs[index], "result": result}) + "\n")
             if log is not None:
-                log(f"[{repeat + 1}/{repeats}] {side.name} {specs[index]} -> "
-                    f"{ {k: v for k, v in result.items() if isinstance(v, (int, float))} }  load {os.getloadavg()[0]:.1f}")
+                figures = {k: round(v, 3) for k, v in result.items() if isinstance(v, (int, float))}
+                log(f"[{repeat + 1}/{repeats}] {side.name} batch {specs[index].get('batch')} {specs[index].get('cache')}"
+                    f" -> {figures}  load {os.getloadavg()[0]:.1f}")
     return results
 
 

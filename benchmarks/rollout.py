@@ -9,7 +9,8 @@ Two ways to run it:
 * ``--compare-main``: this checkout against main before the in-place cache (``--baseline``, commit 898cab5),
   side by side in one run; every measurement in a fresh process (``before_after.py``), interleaved repeats,
   medians; plus peak resident memory, the KV-cache bytes per step of both cache layouts and the bytes that
-  data-movement ops (copies, concatenations, gathers) write per step, counted at batch 1.
+  data-movement ops (copies, concatenations, gathers) write per step (counted at ``--count-batch``). ``--save FILE`` keeps every result as it
+  arrives and a rerun reuses them.
 
     python benchmarks/rollout.py                                    # CPU: small LLaDA-shaped model, batch 1 and 8
     python benchmarks/rollout.py --compare-main --repeats 3         # before/after table (CPU, ~1 h on 1 thread)
@@ -72,6 +73,8 @@ def parse_args(argv=None):
     parser.add_argument("--compare-main", action="store_true", help="Side by side with --baseline, fresh processes.")
     parser.add_argument("--baseline", default=BASELINE_COMMIT, help="Commit to compare against.")
     parser.add_argument("--timeout", type=float, default=3600, help="Seconds per measurement process (--compare-main).")
+    parser.add_argument("--count-batch", type=int, default=1, help="Batch size whose runs also count moved bytes.")
+    parser.add_argument("--save", default=None, help="JSON-lines file of --compare-main results (reused, appended).")
     args = parser.parse_args(argv)
     args.dtype = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
     args.steps = args.steps or args.gen_length
@@ -146,12 +149,12 @@ def sharpen(model, prompts, logit_std: float):
     model.get_output_embeddings().weight.mul_(logit_std / logits.std().item())
 
 
-def prepare(args, batch: int):
-    """Model and prompts of one batch size, sharpened if asked (from the first 8 prompts, whatever the batch)."""
+def prepare(args):
+    """The random model, sharpened if asked (from 8 prompts, whatever the batch)."""
     model = build_model(args)
     if args.logit_std:
         sharpen(model, make_prompts(args, model, 8), args.logit_std)
-    return model, make_prompts(args, model, batch)
+    return model
 
 
 def generation_config(args, unmasking, cache, gen_length=None):
@@ -247,68 +250,80 @@ def kv_bytes_per_step(args, config, batch: int, cache: str, nfe: int, layout: st
 
 
 def measure(spec: dict) -> dict:
-    """One fresh-process measurement (``--compare-main`` worker): a warm-up block, then one timed rollout, or
-    (``count_bytes``) one rollout under :class:`MovedBytes`."""
+    """One fresh-process measurement (``--compare-main`` worker): a warm-up block, one timed rollout and, with
+    ``count_bytes``, one more under :class:`MovedBytes`."""
     args = SimpleNamespace(**spec["args"])
     if args.threads:
         torch.set_num_threads(args.threads)
-    model, prompts = prepare(args, spec["batch"])
+    model = prepare(args)
+    prompts = make_prompts(args, model, spec["batch"])
     mode = (spec["unmasking"], spec["cache"])
     warm_up(model, prompts, args, [mode])
     cfg = generation_config(args, *mode)
-    if spec.get("count_bytes"):
+    out, seconds, peak, cpu_seconds = timed_generate(model, prompts, cfg, args.device)
+    result = {"seconds": seconds, "cpu_seconds": cpu_seconds, "nfe": out.nfe, "gpu_peak_gib": peak,
+              "completion_ids": out.completion_ids.tolist()}
+    if spec.get("count_bytes"):  # after the timed run, so it changes neither the time nor the peak memory
         from dllm_trl.generation import diffusion_generate
 
         with MovedBytes() as moved:
-            out = diffusion_generate(model, prompts, generation_config=cfg)
-        return {"moved_bytes_per_step": moved.bytes / out.nfe, "nfe": out.nfe}
-    out, seconds, peak, cpu_seconds = timed_generate(model, prompts, cfg, args.device)
-    return {"seconds": seconds, "cpu_seconds": cpu_seconds, "nfe": out.nfe, "row_steps": int(out.num_steps.sum()), "gpu_peak_gib": peak,
-            "completion_ids": out.completion_ids.tolist()}
+            counted = diffusion_generate(model, prompts, generation_config=cfg)
+        result["moved_bytes_per_step"] = moved.bytes / counted.nfe
+    return result
+
+
+def device_name(device) -> str:
+    return torch.cuda.get_device_name() if torch.device(device).type == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
+
+
+def rollout_table(model, args, batch: int, modes, title: str = "Rollout"):
+    """One table for ``batch``: header first, then each mode's row as soon as its last repeat is done (so a time
+    limit keeps what was measured). Repeats are interleaved; the median counts; "× no cache" needs the
+    ``none`` cache of the same unmasking earlier in ``modes``."""
+    config = model.config
+    vocab = model.get_output_embeddings().weight.shape[0]
+    print(
+        f"\n### {title}: shape {args.shape} (d {config.hidden_size}, {config.num_hidden_layers} layers, vocab {vocab}), "
+        f"{args.dtype}, {device_name(args.device)}\n"
+        f"batch {batch}, prompt {args.prompt_length}, gen {args.gen_length}, block {args.block_length}, "
+        f"threshold {args.threshold}, static steps {args.steps}, logit std {args.logit_std or 'raw'}, "
+        f"median of {args.repeats}\n"
+    )
+    print("| cache | unmasking | tokens/s | NFE | seconds | ms/step | × no cache | peak mem (GiB) | tokens/step "
+          "| KV MiB/step | = no-cache tokens |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|", flush=True)
+    prompts = make_prompts(args, model, batch)
+    warm_up(model, prompts, args, modes)
+    tokens = batch * args.gen_length
+    runs = {mode: [] for mode in modes}
+    for repeat in range(args.repeats):  # interleaved, so a slow phase of a shared machine hits every mode
+        for unmasking, cache in modes:
+            runs[(unmasking, cache)].append(timed_generate(model, prompts, generation_config(args, unmasking, cache), args.device))
+            if repeat + 1 < args.repeats:
+                continue
+            out = runs[(unmasking, cache)][0][0]
+            seconds = statistics.median(run[1] for run in runs[(unmasking, cache)])
+            reference = runs.get((unmasking, "none"))
+            ratio = agree = "–"
+            if reference and len(reference) == args.repeats:
+                ratio = f"{statistics.median(run[1] for run in reference) / seconds:.2f}"
+                agree = f"{(out.completion_ids == reference[0][0].completion_ids).float().mean().item():.0%}"
+            per_step = tokens / out.num_steps.sum().item()  # committed tokens per row-step
+            kv = kv_bytes_per_step(args, config, batch, cache, out.nfe, "in_place") / 2**20
+            peak = max(run[2] for run in runs[(unmasking, cache)])
+            print(f"| {cache} | {unmasking} | {tokens / seconds:.1f} | {out.nfe} | {seconds:.2f} | {1000 * seconds / out.nfe:.1f} "
+                  f"| {ratio} | {peak:.2f} | {per_step:.2f} | {kv:.1f} | {agree} |", flush=True)
+    return {mode: statistics.median(run[1] for run in runs[mode]) for mode in modes}
 
 
 def single_process(args):
-    """Every mode in this process, repeats interleaved, one table per batch size."""
+    """Every mode in this process, one table per batch size."""
     if args.threads:
         torch.set_num_threads(args.threads)
     modes = [(u, c) for u in args.unmasking.split(",") for c in args.caches.split(",")]
-    device_name = (torch.cuda.get_device_name() if torch.device(args.device).type == "cuda"
-                   else f"CPU ({torch.get_num_threads()} threads)")
+    model = prepare(args)
     for batch in [int(b) for b in args.batch.split(",")]:
-        model, prompts = prepare(args, batch)
-        warm_up(model, prompts, args, modes)
-        runs = {mode: [] for mode in modes}
-        for _ in range(args.repeats):  # interleaved, so a slow phase of a shared machine hits every mode
-            for mode in modes:
-                runs[mode].append(timed_generate(model, prompts, generation_config(args, *mode), args.device))
-        config = model.config
-        vocab = model.get_output_embeddings().weight.shape[0]
-        print(
-            f"\n### Rollout: shape {args.shape} (d {config.hidden_size}, {config.num_hidden_layers} layers, vocab {vocab}), "
-            f"{args.dtype}, {device_name}\n"
-            f"batch {batch}, prompt {args.prompt_length}, gen {args.gen_length}, block {args.block_length}, "
-            f"threshold {args.threshold}, static steps {args.steps}, logit std {args.logit_std or 'raw'}, "
-            f"median of {args.repeats}\n"
-        )
-        print("| cache | unmasking | tokens/s | NFE | seconds | ms/step | × no cache | peak mem (GiB) | tokens/step "
-              "| KV MiB/step | = no-cache tokens |")
-        print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-        tokens = batch * args.gen_length
-        seconds = {mode: statistics.median(run[1] for run in runs[mode]) for mode in modes}
-        for unmasking, cache in modes:
-            out = runs[(unmasking, cache)][0][0]
-            reference = runs.get((unmasking, "none"))
-            ratio = f"{seconds[(unmasking, 'none')] / seconds[(unmasking, cache)]:.2f}" if reference else "–"
-            agree = (f"{(out.completion_ids == reference[0][0].completion_ids).float().mean().item():.0%}"
-                     if reference else "–")
-            per_step = tokens / out.num_steps.sum().item()  # committed tokens per row-step
-            kv = kv_bytes_per_step(args, config, batch, cache, out.nfe, "in_place") / 2**20
-            s = seconds[(unmasking, cache)]
-            print(f"| {cache} | {unmasking} | {tokens / s:.1f} | {out.nfe} | {s:.2f} | {1000 * s / out.nfe:.1f} | {ratio} "
-                  f"| {max(run[2] for run in runs[(unmasking, cache)]):.2f} | {per_step:.2f} | {kv:.1f} | {agree} |")
-        del model, prompts, runs
-        if torch.device(args.device).type == "cuda":
-            torch.cuda.empty_cache()
+        rollout_table(model, args, batch, modes)
 
 
 def compare_main(args):
@@ -319,12 +334,11 @@ def compare_main(args):
     unmasking = args.unmasking.split(",")[0]
     caches = args.caches.split(",")
     batches = [int(b) for b in args.batch.split(",")]
-    plain = {k: v for k, v in vars(args).items() if k not in ("compare_main", "baseline", "timeout")}
-    specs = [dict(args=plain, batch=b, cache=c, unmasking=unmasking) for b in batches for c in caches]
+    plain = {k: v for k, v in vars(args).items() if k not in ("compare_main", "baseline", "timeout", "save", "batch")}
+    specs = [dict(args=plain, batch=b, cache=c, unmasking=unmasking, count_bytes=b == args.count_batch)
+             for b in batches for c in caches]
     load_before = os.getloadavg()
-    timed = run_interleaved(__file__, specs, sides, args.repeats, args.timeout)
-    counted = run_interleaved(__file__, [dict(s, count_bytes=True) for s in specs if s["batch"] == batches[0]],
-                              sides, 1, args.timeout)
+    timed = run_interleaved(__file__, specs, sides, args.repeats, args.timeout, save=args.save)
     load_after = os.getloadavg()
     family, shape = model_shape(args)
     config = (tiny_llada_config if family == "llada" else tiny_dream_config)(**shape)
@@ -345,7 +359,7 @@ def compare_main(args):
           "machine); the wall-clock ratio is given beside it.\n")
     print("| batch | cache | NFE main / new | tokens/s main | tokens/s new | new / main | × none main | × none new "
           "| new / main (wall) | ms/step main / new | KV MiB/step main / new (layout) | moved MiB/step main / new "
-          f"(measured, batch {batches[0]}) | peak RSS MiB main / new | tokens = main |")
+          f"(measured at batch {args.count_batch}) | peak RSS MiB main / new | tokens = main |")
     print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for index, spec in enumerate(specs):
         batch, cache = spec["batch"], spec["cache"]
@@ -361,10 +375,8 @@ def compare_main(args):
         kv = [kv_bytes_per_step(args, config, batch, cache, n, layout) / 2**20
               for n, layout in ((nfe_old, "concat"), (nfe_new, "in_place"))]
         moved = "–"
-        if batch == batches[0]:
-            count_index = [s for s in specs if s["batch"] == batches[0]].index(spec)
-            moved = " / ".join(f"{counted[(side, count_index)][0]['moved_bytes_per_step'] / 2**20:.2f}"
-                               for side in ("main", "new"))
+        if spec["count_bytes"]:
+            moved = " / ".join(f"{timed[(side, index)][0]['moved_bytes_per_step'] / 2**20:.2f}" for side in ("main", "new"))
         rss = " / ".join(f"{med(side, index, 'peak_rss_mib'):.0f}" for side in ("main", "new"))
         same = (torch.tensor(timed[("main", index)][0]["completion_ids"])
                 == torch.tensor(timed[("new", index)][0]["completion_ids"]))
