@@ -46,7 +46,7 @@ from before_after import BASELINE_COMMIT, Side, run_interleaved, worker_main
 
 SHAPE_OVERRIDES = dict(hidden_size=256, intermediate_size=768, num_hidden_layers=2, num_attention_heads=4,
                        num_key_value_heads=4)
-SHAPE_NAMES = ("small", "llada-8b", "dream-7b")
+SHAPE_NAMES = ("small", "small-dream", "llada-8b", "dream-7b")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -96,8 +96,12 @@ def default_dtype(dtype):
 def model_shape(args) -> tuple[str, dict]:
     from dllm_trl.models import DREAM_7B_SHAPE, LLADA_8B_SHAPE
 
-    family, shape = {"small": ("llada", dict(LLADA_8B_SHAPE, **SHAPE_OVERRIDES)), "llada-8b": ("llada", LLADA_8B_SHAPE),
-                     "dream-7b": ("dream", DREAM_7B_SHAPE)}[args.shape]
+    family, shape = {
+        "small": ("llada", dict(LLADA_8B_SHAPE, **SHAPE_OVERRIDES)),
+        "small-dream": ("dream", dict(DREAM_7B_SHAPE, **dict(SHAPE_OVERRIDES, num_key_value_heads=2))),
+        "llada-8b": ("llada", LLADA_8B_SHAPE),
+        "dream-7b": ("dream", DREAM_7B_SHAPE),
+    }[args.shape]
     shape = dict(shape)
     if args.vocab is not None:
         shape["vocab_size"] = args.vocab

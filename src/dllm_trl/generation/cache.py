@@ -9,6 +9,7 @@ the window keep the keys of the block's first step — the Fast-dLLM approximati
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
@@ -63,7 +64,12 @@ class CanvasCache(Cache):
         return layer.keys, layer.values
 
 
-def cache_keyword(decoder: torch.nn.Module) -> str:
+def cache_keyword(module: torch.nn.Module) -> str:
     """The forward's name for the cache: ``cache`` on newer transformers (where ``past_key_values`` is
     deprecated), ``past_key_values`` before."""
-    return "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
+    return _cache_keyword(type(module))
+
+
+@functools.cache
+def _cache_keyword(module_class: type) -> str:
+    return "cache" if "cache" in inspect.signature(module_class.forward).parameters else "past_key_values"

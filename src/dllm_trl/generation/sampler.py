@@ -4,7 +4,8 @@ trajectory (SPEC §1.1–1.3).
 The loop: for each block, refresh the cache with one full forward (whose output also serves the block's
 first step), then repeat {read the block's still-masked positions, draw a candidate and its confidence per
 position, commit some of them} until the block is decoded. Rows of a batch advance in lock-step; a row
-whose block is done simply commits nothing.
+whose block is done simply commits nothing. The cache (``cache.py``) keeps every canvas position's keys and
+values in canvas order; a cached step writes only its window's, in place.
 """
 
 from __future__ import annotations
@@ -129,7 +130,8 @@ def _logits_at(decoder, head, ids, positions, mask, cache, rows, columns):
 
     ``ids`` and ``positions`` (B, q): the fed canvas positions and their position ids; ``mask`` (B, 1, q, P+G):
     the keys each query attends to; ``cache``: the :class:`CanvasCache` the call reads and writes in place (None
-    without a cache). Only the read positions go through the LM head.
+    without a cache). Only the read positions go through the LM head; the logits are a fresh tensor the caller
+    may overwrite.
     """
     out = decoder(
         input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=cache is not None,
