@@ -11,6 +11,7 @@ public 2-D-mask path, independently of the sampler's own forward helpers.
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -23,8 +24,9 @@ from dllm_trl.generation import (
     draw_candidates,
     static_schedule,
 )
-from dllm_trl.generation.sampler import _block_window, _cached_forward, _full_forward
-from dllm_trl.models import build_tiny_dream, build_tiny_llada, mask_dtype_for
+from dllm_trl.generation.cache import CanvasCache, cache_keyword
+from dllm_trl.generation.sampler import _block_window, _logits_at
+from dllm_trl.models import attention_mask_4d, build_tiny_dream, build_tiny_llada, mask_dtype_for
 
 VOCAB, MASK, EOS = 100, 99, 1
 KINDS = ("llada", "dream")
@@ -316,6 +318,15 @@ def test_draws_follow_the_truncated_tempered_softmax(sampling):
 # --------------------------------------------------------------------------------------------------
 # oracle (a): right after a refresh, a cached step's logits equal a full forward's
 # --------------------------------------------------------------------------------------------------
+def sampler_call_inputs(model, key_mask):
+    """What the sampler hands its one model call, built the same way: the canvas-order 4-D key mask and
+    position ids (B, 1, P+G, P+G) / (B, P+G), of which a call feeding positions ``fed`` takes the rows."""
+    batch, total = key_mask.shape
+    mask_dtype = mask_dtype_for(model, torch.float32)
+    mask = attention_mask_4d(key_mask.bool(), batch, 1, total, key_mask.device, mask_dtype)
+    return mask.expand(batch, 1, total, total), torch.arange(total).expand(batch, total)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("cache", ["prefix", "dual"])
 def test_cached_step_after_refresh_equals_full_forward(kind, cache):
@@ -328,7 +339,7 @@ def test_cached_step_after_refresh_equals_full_forward(kind, cache):
     key_mask = torch.cat([prompt_mask, torch.ones(3, gen, dtype=prompt_mask.dtype)], dim=1)
     shift = 1 if kind == "dream" else 0
     total = prompt_len + gen
-    mask_dtype = mask_dtype_for(model, torch.float32)
+    mask, positions = sampler_call_inputs(model, key_mask)
     filler = torch.Generator().manual_seed(2)
     for block_index in range(gen // block):
         start, end = prompt_len + block_index * block, prompt_len + (block_index + 1) * block
@@ -337,19 +348,91 @@ def test_cached_step_after_refresh_equals_full_forward(kind, cache):
         partly = torch.rand(3, block, generator=filler) < 0.5  # some of the block already decoded
         canvas[:, start:end][partly] = torch.randint(2, MASK, (int(partly.sum()),), generator=filler)
         logit_index = torch.arange(start - shift, end - shift)
-        rows = torch.arange(3).repeat_interleave(block)
-        read = logit_index.repeat(3)  # every row's block positions, in canvas coordinates
+        rows, columns = torch.arange(3).repeat_interleave(block), logit_index.repeat(3)
         with torch.no_grad():
             reference = model(input_ids=canvas, attention_mask=key_mask).logits[:, logit_index].reshape(3 * block, -1)
-            window = _block_window(cache, start, end, total, shift, canvas.device)
-            logits, kv = _full_forward(model, canvas, key_mask.bool(), window, mask_dtype, rows, read)
+            window = _block_window(cache, start, end, total, shift)
+            kv = CanvasCache(model.config.num_hidden_layers, total)
+            kv.window_start = window.start
+            logits, kv = _logits_at(model, canvas, positions, mask, kv, rows, columns)
             torch.testing.assert_close(logits, reference, **TOL)
-            kept = window.cached.numel()
-            assert kv.get_seq_length() == kept
-            for _ in range(2):  # the second call checks that the window's keys were dropped again
-                cached = _cached_forward(model, canvas, key_mask.bool(), kv, window, mask_dtype, rows, read)
-                torch.testing.assert_close(cached, reference, rtol=1e-4, atol=1e-5)
-                assert kv.get_seq_length() == kept
+            assert kv.get_seq_length() == total
+            storage = [(layer.keys.data_ptr(), layer.values.data_ptr()) for layer in kv.layers]
+            for _ in range(2):  # the second call checks that the first left the cache as the refresh did
+                logits, kv = _logits_at(
+                    model, canvas[:, window], positions[:, window], mask[:, :, window], kv,
+                    rows, columns - window.start,
+                )
+                torch.testing.assert_close(logits, reference, rtol=1e-4, atol=1e-5)
+                assert kv.get_seq_length() == total
+                assert [(layer.keys.data_ptr(), layer.values.data_ptr()) for layer in kv.layers] == storage
+
+
+def layer_keys_values(model, canvas, key_mask):
+    """Post-RoPE keys/values (B, kv_heads, P+G, head_dim) of every layer in an uncached forward, through a
+    reference ``DynamicCache`` (transformers' own bookkeeping)."""
+    from transformers import DynamicCache
+
+    reference = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(input_ids=canvas, attention_mask=key_mask, use_cache=True, **{cache_keyword(model): reference})
+    return [(layer.keys, layer.values) for layer in reference.layers]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_cached_step_writes_only_its_window_in_place(kind, cache):
+    """A cached step overwrites exactly the window's slots of the refresh's key/value tensors (same storage),
+    with the keys/values a full forward of the new canvas has there in the first layer (right rotary positions;
+    deeper layers see cached, stale keys); every other slot keeps the refresh's values bit for bit."""
+    model = make_model(kind, layers=2)
+    prompt_len, gen, block, batch = 5, 16, 8, 3
+    shift = 1 if kind == "dream" else 0
+    total = prompt_len + gen
+    ids = prompts(batch, prompt_len, seed=21)
+    prompt_mask = torch.ones_like(ids)
+    prompt_mask[2, :3] = 0
+    key_mask = torch.cat([prompt_mask, torch.ones(batch, gen, dtype=prompt_mask.dtype)], dim=1)
+    mask, positions = sampler_call_inputs(model, key_mask)
+    start, end = prompt_len + block, prompt_len + 2 * block  # the second block
+    window = _block_window(cache, start, end, total, shift)
+    canvas = torch.cat([ids, torch.full((batch, gen), MASK)], dim=1)
+    canvas[:, prompt_len:start] = prompts(batch, block, seed=22)
+    rows, columns = torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long)
+    kv = CanvasCache(model.config.num_hidden_layers, total)
+    kv.window_start = window.start
+    with torch.no_grad():
+        _logits_at(model, canvas, positions, mask, kv, rows, columns)
+        refreshed = [(layer.keys.clone(), layer.values.clone()) for layer in kv.layers]
+        storage = [(layer.keys.data_ptr(), layer.values.data_ptr()) for layer in kv.layers]
+        canvas[:, start : start + 3] = prompts(batch, 3, seed=23)  # the step decoded three positions
+        _logits_at(model, canvas[:, window], positions[:, window], mask[:, :, window], kv, rows, columns)
+    assert [(layer.keys.data_ptr(), layer.values.data_ptr()) for layer in kv.layers] == storage
+    outside = torch.ones(total, dtype=torch.bool)
+    outside[window] = False
+    for (keys, values), (old_keys, old_values) in zip([(l.keys, l.values) for l in kv.layers], refreshed):
+        assert torch.equal(keys[..., outside, :], old_keys[..., outside, :])
+        assert torch.equal(values[..., outside, :], old_values[..., outside, :])
+        assert not torch.equal(keys[..., window, :], old_keys[..., window, :])
+    fresh_keys, fresh_values = layer_keys_values(model, canvas, key_mask)[0]
+    torch.testing.assert_close(kv.layers[0].keys[..., window, :], fresh_keys[..., window, :], **TOL)
+    torch.testing.assert_close(kv.layers[0].values[..., window, :], fresh_values[..., window, :], **TOL)
+
+
+@pytest.mark.parametrize("cache", CACHES)
+def test_decoding_warns_about_nothing(cache):
+    """Newer transformers deprecate ``past_key_values=`` for ``cache=``: the sampler passes the cache under the
+    name the installed version expects, so no deprecation (or any other) warning is raised."""
+    model = make_model("llada", layers=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        run(model, prompts(2, 5, seed=24), cache=cache)
+
+
+def test_canvas_cache_refuses_a_window_before_the_whole_canvas():
+    kv = CanvasCache(num_layers=1, canvas_length=10)
+    with pytest.raises(RuntimeError, match="whole canvas"):
+        kv.update(torch.zeros(1, 2, 4, 8), torch.zeros(1, 2, 4, 8), 0)
 
 
 @pytest.mark.parametrize("kind", KINDS)

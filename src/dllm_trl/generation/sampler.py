@@ -4,19 +4,20 @@ trajectory (SPEC §1.1–1.3).
 The loop: for each block, refresh the cache with one full forward (whose output also serves the block's
 first step), then repeat {read the block's still-masked positions, draw a candidate and its confidence per
 position, commit some of them} until the block is decoded. Rows of a batch advance in lock-step; a row
-whose block is done simply commits nothing.
+whose block is done simply commits nothing. The cache (``cache.py``) keeps every canvas position's keys and
+values in canvas order; a cached step writes only its window's, in place.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 
 from ..models.bidirectional import attention_mask_4d, diffusion_config, eos_token_ids, mask_dtype_for
-from ..models.engines import decoder_of, logits_at
+from ..models.engines import decoder_of, logits_at, unwrap_model
+from .cache import CanvasCache, cache_keyword
 from .config import DiffusionGenerationConfig
 
 NEVER_COMMITTED = 2**31 - 1
@@ -86,9 +87,17 @@ def draw_candidates(
     )
 
 
-def _draw_candidates(logits, mask_token_id, temperature, top_p, top_k, sampling, generator):
-    """:func:`draw_candidates` on float32 ``logits`` that it may overwrite (the sampler's own, saving a copy)."""
+def _draw_candidates(logits, mask_token_id, temperature, top_p, top_k, sampling, generator, with_log_probs=True):
+    """:func:`draw_candidates` on float32 ``logits`` that it may overwrite (the sampler's own, saving a copy).
+
+    Greedy without ``with_log_probs`` returns ``log_probs=None`` and works in place: at a 126k vocabulary a fresh
+    (n, V) tensor per step costs about as much as the rest of the draw.
+    """
     logits[..., mask_token_id] = float("-inf")
+    if temperature == 0 and not with_log_probs:
+        top, candidate = logits.max(-1)
+        confidence = logits.sub_(top.unsqueeze(-1)).exp_().sum(-1).reciprocal()  # softmax at the argmax
+        return candidate, confidence, None
     if temperature > 0:
         logits = _truncate_logits(logits / temperature, top_k, top_p)
     log_probs = torch.log_softmax(logits, dim=-1)
@@ -106,73 +115,30 @@ def _draw_candidates(logits, mask_token_id, temperature, top_p, top_k, sampling,
     return candidate, confidence, log_probs
 
 
-class _Window(NamedTuple):
-    """What a cached step of one block feeds: canvas positions [start, end) plus the kept keys/values."""
+def _block_window(cache_mode: str, start: int, end: int, total: int, shift: int) -> slice | None:
+    """The canvas positions a cached step of block [start, end) feeds under ``cache_mode`` (None without a cache).
 
-    start: int
-    end: int
-    cached: torch.Tensor  # canvas positions whose keys/values stay in the cache, in cache order
-
-
-def _block_window(cache_mode: str, start: int, end: int, total: int, shift: int, device) -> _Window | None:
-    """The window of block [start, end) under ``cache_mode`` (None without a cache).
-
-    A shifted model predicts position j from j - 1, so the window starts one position early. Prefix cache
-    feeds the block and everything after it; dual cache feeds only the block.
+    A shifted model predicts position j from j - 1, so the window starts one position early. Prefix cache feeds
+    the block and everything after it; dual cache feeds only the block.
     """
     if cache_mode == "none":
         return None
-    win_start, win_end = start - shift, (end if cache_mode == "dual" else total)
-    cached = torch.cat([torch.arange(0, win_start, device=device), torch.arange(win_end, total, device=device)])
-    return _Window(win_start, win_end, cached)
+    return slice(start - shift, end if cache_mode == "dual" else total)
 
 
-def _step_logits(model, ids, positions, key_mask, cache, use_cache, mask_dtype, rows, read):
-    """The one model call of the sampler: logits (N, V) at fed positions ``(rows[n], read[n])`` of ``ids``
-    (fed at canvas ``positions``, shared by all rows), attending to the keys of ``key_mask`` (cached keys first),
-    and the cache. It runs the (possibly engine-wrapped) model's own forward, the LM head only where read."""
-    batch = ids.shape[0]
-    mask = attention_mask_4d(key_mask, batch, ids.shape[1], key_mask.shape[1], ids.device, mask_dtype)
-    return logits_at(
-        model,
-        rows,
-        read,
-        input_ids=ids,
-        attention_mask=mask,
-        position_ids=positions.unsqueeze(0).expand(batch, -1),
-        past_key_values=cache,
-        use_cache=use_cache,
-    )
+def _logits_at(model, ids, positions, mask, cache, rows, columns):
+    """The sampler's one model call: float logits ``(n, V)`` at the fed positions ``(rows, columns)``.
 
-
-def _full_forward(model, canvas, key_mask, window: _Window | None, mask_dtype, rows, read):
-    """Logits at canvas positions ``(rows, read)`` from a forward over the whole canvas.
-
-    With a ``window`` it also (re)builds the block's cache: post-RoPE keys/values of the positions outside
-    the window, taken from this very forward (so the next cached step starts exact).
+    ``ids`` and ``positions`` (B, q): the fed canvas positions and their position ids; ``mask`` (B, 1, q, P+G):
+    the keys each query attends to; ``cache``: the :class:`CanvasCache` the call reads and writes in place (None
+    without a cache). The (possibly engine-wrapped) model's own forward runs, and only the read positions go through
+    the LM head (:func:`~dllm_trl.models.engines.logits_at`); the logits are a fresh tensor the caller may overwrite.
     """
-    positions = torch.arange(canvas.shape[1], device=canvas.device)
-    logits, cache = _step_logits(model, canvas, positions, key_mask, None, window is not None, mask_dtype, rows, read)
-    if window is not None:
-        for layer in cache.layers:
-            layer.keys = layer.keys.index_select(-2, window.cached)
-            layer.values = layer.values.index_select(-2, window.cached)
-    return logits, cache
-
-
-def _cached_forward(model, canvas, key_mask, cache, window: _Window, mask_dtype, rows, read):
-    """Logits at canvas positions ``(rows, read)`` (inside the window) from a forward over the window only,
-    attending to the cached keys too. The window's own keys/values are dropped again afterwards."""
-    keys = torch.cat([key_mask[:, window.cached], key_mask[:, window.start : window.end]], dim=1)
-    positions = torch.arange(window.start, window.end, device=canvas.device)
-    logits, cache = _step_logits(
-        model, canvas[:, window.start : window.end], positions, keys, cache, True, mask_dtype, rows, read - window.start
+    logits, _ = logits_at(
+        model, rows, columns, input_ids=ids, attention_mask=mask, position_ids=positions,
+        use_cache=cache is not None, **{cache_keyword(unwrap_model(model)): cache},
     )
-    kept = window.cached.numel()
-    for layer in cache.layers:
-        layer.keys = layer.keys[..., :kept, :]
-        layer.values = layer.values[..., :kept, :]
-    return logits
+    return logits.float(), cache
 
 
 def _dense_step_ranks(commit_step: torch.Tensor, total_steps: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -228,6 +194,11 @@ def diffusion_generate(
     topk_ids = torch.zeros(batch, gen, topk, dtype=torch.long, device=device) if topk else None
     topk_logps = torch.full((batch, gen, topk), float("-inf"), device=device) if topk else None
     mask_dtype = mask_dtype_for(model, decoder_of(model).embed_tokens.weight.dtype)
+    # Keys stay in canvas order in every call, cached or not, so one key mask and one row of position ids serve
+    # the whole rollout: a call feeding canvas positions ``fed`` takes their rows of both (views, no copies).
+    key_mask_4d = attention_mask_4d(key_mask, batch, 1, total, device, mask_dtype).expand(batch, 1, total, total)
+    positions = torch.arange(total, device=device).expand(batch, total)
+    cache = None if cfg.cache == "none" else CanvasCache(config.num_hidden_layers, total)
     eos_tensor = torch.tensor(eos_ids, device=device)
     steps_per_block = cfg.total_steps // cfg.num_blocks
     schedule = static_schedule(block, steps_per_block) if cfg.unmasking == "static" else None
@@ -236,8 +207,10 @@ def diffusion_generate(
     for block_index in range(cfg.num_blocks):
         start = prompt_len + block_index * block
         end = start + block
-        window = _block_window(cfg.cache, start, end, total, shift, device)
-        cache = None
+        window = _block_window(cfg.cache, start, end, total, shift)
+        if cache is not None:
+            cache.window_start = window.start
+        fed = slice(0, total)  # a block's first step runs the whole canvas (and so refreshes the cache)
         step_in_block = 0
         while True:
             block_masked = canvas[:, start:end] == mask_id
@@ -248,18 +221,17 @@ def diffusion_generate(
                 raise RuntimeError(f"block {block_index} still has masks after {block} steps: no token was committed.")
             if step_callback is not None:
                 step_callback(step, canvas)
-            # The LM head and the softmax over the vocabulary dominate small shapes: apply them only where
-            # this step reads, each row's still-masked block positions. A shifted model predicts position j
-            # from the output at j - 1.
-            read = start - shift + columns
-            if cache is None:
-                # Without a cache every step is a full forward; with one, the block's first step refreshes it.
-                logits, cache = _full_forward(model, canvas, key_mask, window, mask_dtype, rows, read)
-            else:
-                logits = _cached_forward(model, canvas, key_mask, cache, window, mask_dtype, rows, read)
+            # The LM head and the softmax over the vocabulary dominate small shapes: read only each row's
+            # still-masked block positions. A shifted model predicts position j from the output at j - 1.
+            logits, cache = _logits_at(
+                model, canvas[:, fed], positions[:, fed], key_mask_4d[:, :, fed], cache,
+                rows, start - shift - fed.start + columns,
+            )
             nfe += 1
+            if window is not None:  # the block's later steps feed only the cache mode's window
+                fed = window
             candidate, confidence, log_probs = _draw_candidates(
-                logits.float(), mask_id, cfg.temperature, cfg.top_p, cfg.top_k, sampling, generator
+                logits, mask_id, cfg.temperature, cfg.top_p, cfg.top_k, sampling, generator, with_log_probs=topk > 0
             )
             score = torch.full((batch, block), -1.0, device=device).index_put_((rows, columns), confidence)
             if schedule is None:
