@@ -1,11 +1,14 @@
-"""Block-wise masked-diffusion decoding with a Fast-dLLM-style KV cache that records the denoising
-trajectory (SPEC §1.1–1.3).
+"""Block-wise masked-diffusion decoding with a KV cache that records the denoising trajectory (SPEC §1.1–1.3, §7).
 
-The loop: for each block, refresh the cache with one full forward (whose output also serves the block's
-first step), then repeat {read the block's still-masked positions, draw a candidate and its confidence per
-position, commit some of them} until the block is decoded. Rows of a batch advance in lock-step; a row
-whose block is done simply commits nothing. The cache (``cache.py``) keeps every canvas position's keys and
-values in canvas order; a cached step writes only its window's, in place.
+The loop: for each block, repeat {read the block's still-masked positions, draw a candidate and its confidence per
+position, commit some of them} until the block is decoded. Rows of a batch advance in lock-step; a row whose block
+is done simply commits nothing. One loop serves both kinds of model; only the model calls differ:
+
+* bidirectional models (:class:`_CanvasCalls`): a block's first step runs the whole canvas and refreshes the
+  Fast-dLLM-style cache (``cache.py``: every canvas position's keys and values in canvas order; a cached step
+  writes only its window's, in place);
+* block-diffusion models (:class:`_BlockCalls`, ``config.diffusion_block_size``): steps feed only the current
+  attention block, over the exact cache of the finished blocks, each written once.
 """
 
 from __future__ import annotations
@@ -15,9 +18,16 @@ from dataclasses import dataclass
 
 import torch
 
-from ..models.bidirectional import attention_mask_4d, diffusion_config, eos_token_ids, mask_dtype_for
+from ..models.bidirectional import (
+    attention_mask_4d,
+    diffusion_block_size,
+    diffusion_config,
+    eos_token_ids,
+    mask_dtype_for,
+)
+from ..models.block_attention import align_prompt, block_causal_mask, column_blocks
 from ..models.engines import decoder_of, logits_at, unwrap_model
-from .cache import CanvasCache, cache_keyword
+from .cache import BlockCache, CanvasCache, cache_keyword
 from .config import DiffusionGenerationConfig
 
 NEVER_COMMITTED = 2**31 - 1
@@ -141,6 +151,121 @@ def _logits_at(model, ids, positions, mask, cache, rows, columns):
     return logits.float(), cache
 
 
+class _CanvasCalls:
+    """Model calls of a bidirectional model: a block's first step runs the whole canvas (refreshing the cache), its
+    later steps only the cache mode's window (SPEC §1.2)."""
+
+    def __init__(self, model, key_mask, cache_mode, shift, mask_dtype, num_layers):
+        batch, total = key_mask.shape
+        self.model, self.cache_mode, self.shift, self.total = model, cache_mode, shift, total
+        # Keys stay in canvas order in every call, cached or not, so one key mask and one row of position ids serve
+        # the whole rollout: a call feeding canvas positions ``fed`` takes their rows of both (views, no copies).
+        self.key_mask_4d = attention_mask_4d(key_mask, batch, 1, total, key_mask.device, mask_dtype).expand(
+            batch, 1, total, total
+        )
+        self.positions = torch.arange(total, device=key_mask.device).expand(batch, total)
+        self.cache = None if cache_mode == "none" else CanvasCache(num_layers, total)
+
+    def start_block(self, start: int, end: int) -> None:
+        self.window = _block_window(self.cache_mode, start, end, self.total, self.shift)
+        if self.cache is not None:
+            self.cache.window_start = self.window.start
+        self.fed = slice(0, self.total)  # a block's first step runs the whole canvas (and so refreshes the cache)
+
+    def __call__(self, canvas, rows, columns):
+        """Float logits ``(n, V)`` predicting the read positions: the outputs at canvas columns ``columns``."""
+        fed = self.fed
+        logits, self.cache = _logits_at(
+            self.model, canvas[:, fed], self.positions[:, fed], self.key_mask_4d[:, :, fed], self.cache,
+            rows, columns - fed.start,
+        )
+        if self.window is not None:  # the block's later steps feed only the cache mode's window
+            self.fed = self.window
+        return logits
+
+
+class _BlockCalls:
+    """Model calls of a block-diffusion model (SPEC §7), whose attention blocks are ``block_size`` canvas columns
+    (the prompt is left-padded to a block boundary, so the completion's blocks start at its first position).
+
+    Without a cache every step runs the whole canvas under the block-causal mask. With one (``prefix`` and ``dual``
+    are the same here: nothing after the current block is visible), the first step of an attention block feeds the
+    previous one (or the prompt) and itself: the previous block's keys/values go into the :class:`BlockCache` — the
+    only time they are written, as they never change again — and the step's logits come from the same forward. Its
+    later steps feed only the block. A shifted model predicts the block's first position from the last output of
+    the previous block, which the block cannot change: read in the first step, it is reused by the later ones.
+    """
+
+    def __init__(self, model, key_mask, cache_mode, shift, mask_dtype, num_layers, block_size):
+        batch, total = key_mask.shape
+        device = key_mask.device
+        self.model, self.shift, self.block_size, self.mask_dtype, self.total = model, shift, block_size, mask_dtype, total
+        self.key_mask = key_mask
+        self.blocks = column_blocks(0, total, block_size, device)
+        self.positions = torch.arange(total, device=device).expand(batch, total)
+        self.cache = None if cache_mode == "none" else BlockCache(num_layers, total)
+        self.full_mask = self._mask(0, total) if self.cache is None else None
+        self.attention_block, self.cached_until, self.first_step, self.carry = None, 0, False, None
+
+    def _mask(self, start: int, end: int) -> torch.Tensor:
+        """The queries fed at canvas columns ``[start, end)`` over the keys ``[0, end)``."""
+        queries = torch.arange(start, end, device=self.key_mask.device)
+        return block_causal_mask(
+            self.key_mask[:, :end], self.blocks[:end], self.blocks[start:end], queries, additive_dtype=self.mask_dtype
+        )
+
+    def start_block(self, start: int, end: int) -> None:
+        if self.cache is None:
+            self.fed, self.mask = slice(0, self.total), self.full_mask
+            return
+        first = start - start % self.block_size
+        if first == self.attention_block:  # the next decoding block inside the same attention block
+            return
+        last = first + self.block_size
+        self.fed, self.mask = slice(self.cached_until, last), self._mask(self.cached_until, last)
+        self.later_fed, self.later_mask = slice(first, last), self._mask(first, last)
+        self.attention_block, self.cached_until, self.first_step = first, first, True
+
+    def __call__(self, canvas, rows, columns):
+        """Float logits ``(n, V)`` predicting the read positions: the outputs at canvas columns ``columns``."""
+        fed, mask = self.fed, self.mask
+        if self.cache is not None:
+            self.cache.window_start = fed.start
+        carry = self.shift and self.cache is not None
+        if carry and self.first_step:
+            # Also read the block's first position for every row (all of them are masked now): the carry.
+            batch = canvas.shape[0]
+            every_row = torch.arange(batch, device=rows.device)
+            read_rows = torch.cat([rows, every_row])
+            read_columns = torch.cat([columns, torch.full_like(every_row, self.attention_block - 1)])
+        elif carry:
+            # The block's first position is read at the previous block's last column, outside the fed block.
+            read_rows, read_columns = rows, columns.clamp_min(fed.start)
+        else:
+            read_rows, read_columns = rows, columns
+        logits, self.cache = _logits_at(
+            self.model, canvas[:, fed], self.positions[:, fed], mask, self.cache, read_rows, read_columns - fed.start
+        )
+        if carry and self.first_step:
+            self.carry = logits[rows.numel():].clone()
+            logits = logits[: rows.numel()]
+        elif carry:
+            logits = torch.where((columns < fed.start).unsqueeze(-1), self.carry[rows], logits)
+        if self.cache is not None:
+            self.fed, self.mask, self.first_step = self.later_fed, self.later_mask, False
+        return logits
+
+
+def _check_block_decoding(cfg: DiffusionGenerationConfig, block_size: int | None) -> None:
+    if block_size is not None and block_size % cfg.block_length != 0:
+        raise ValueError(
+            f"block_length={cfg.block_length} does not divide the model's attention block size ({block_size}, "
+            "config.diffusion_block_size): a block-diffusion model decodes its blocks one after another, so the "
+            f"decoding block must be the attention block or a sub-block of it; set block_length={block_size} (or a "
+            "divisor of it)."
+        )
+
+
 def _dense_step_ranks(commit_step: torch.Tensor, total_steps: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Relabel each row's lock-step indices as 0, 1, 2 … over the steps at which that row committed."""
     committed = commit_step != NEVER_COMMITTED
@@ -166,26 +291,34 @@ def diffusion_generate(
     ``step_callback(step, canvas)``, if given, sees the canvas (B, P+G) before every lock-step step.
 
     ``model`` may be wrapped by an engine (DDP, DeepSpeed, FSDP2, PEFT): its own forward runs, with the LM head
-    applied only at the positions a step reads (:func:`~dllm_trl.models.engines.logits_at`).
+    applied only at the positions a step reads (:func:`~dllm_trl.models.engines.logits_at`). A block-diffusion model
+    (``config.diffusion_block_size``) decodes its attention blocks one after another (``block_length`` is the block
+    or a sub-block of it) over the exact cache of the finished ones.
     """
     cfg = generation_config or DiffusionGenerationConfig()
     config = diffusion_config(model)
     mask_id = config.mask_token_id
     shift = 1 if getattr(config, "diffusion_logit_shift", False) else 0
     sampling = cfg.sampling or getattr(config, "diffusion_sampling", "gumbel")
+    attention_block = diffusion_block_size(config)
+    _check_block_decoding(cfg, attention_block)
     eos_ids = eos_token_ids(config)
     if not eos_ids:
         raise ValueError("The model config has no eos_token_id; the sampler needs one to end completions.")
     device = input_ids.device
-    batch, prompt_len = input_ids.shape
-    if prompt_len < shift:
+    batch, given_prompt_len = input_ids.shape
+    if given_prompt_len < shift:
         raise ValueError("A model with a logit shift needs a prompt of at least one token.")
     gen, block = cfg.gen_length, cfg.block_length
-    total = prompt_len + gen
     if generator is None and cfg.seed is not None:
         generator = torch.Generator(device=device).manual_seed(cfg.seed)
 
     prompt_mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    # A block model's completion starts on an attention-block boundary: left padding (hidden by the key mask).
+    input_ids, prompt_mask = align_prompt(input_ids, prompt_mask, attention_block, mask_id)
+    pad = input_ids.shape[1] - given_prompt_len
+    prompt_len = input_ids.shape[1]
+    total = prompt_len + gen
     key_mask = torch.cat([prompt_mask, torch.ones(batch, gen, dtype=torch.bool, device=device)], dim=1)
     canvas = torch.cat([input_ids, torch.full((batch, gen), mask_id, dtype=input_ids.dtype, device=device)], dim=1)
     commit_step = torch.full((batch, gen), NEVER_COMMITTED, dtype=torch.long, device=device)
@@ -194,11 +327,10 @@ def diffusion_generate(
     topk_ids = torch.zeros(batch, gen, topk, dtype=torch.long, device=device) if topk else None
     topk_logps = torch.full((batch, gen, topk), float("-inf"), device=device) if topk else None
     mask_dtype = mask_dtype_for(model, decoder_of(model).embed_tokens.weight.dtype)
-    # Keys stay in canvas order in every call, cached or not, so one key mask and one row of position ids serve
-    # the whole rollout: a call feeding canvas positions ``fed`` takes their rows of both (views, no copies).
-    key_mask_4d = attention_mask_4d(key_mask, batch, 1, total, device, mask_dtype).expand(batch, 1, total, total)
-    positions = torch.arange(total, device=device).expand(batch, total)
-    cache = None if cfg.cache == "none" else CanvasCache(config.num_hidden_layers, total)
+    if attention_block is None:
+        calls = _CanvasCalls(model, key_mask, cfg.cache, shift, mask_dtype, config.num_hidden_layers)
+    else:
+        calls = _BlockCalls(model, key_mask, cfg.cache, shift, mask_dtype, config.num_hidden_layers, attention_block)
     eos_tensor = torch.tensor(eos_ids, device=device)
     steps_per_block = cfg.total_steps // cfg.num_blocks
     schedule = static_schedule(block, steps_per_block) if cfg.unmasking == "static" else None
@@ -207,10 +339,7 @@ def diffusion_generate(
     for block_index in range(cfg.num_blocks):
         start = prompt_len + block_index * block
         end = start + block
-        window = _block_window(cfg.cache, start, end, total, shift)
-        if cache is not None:
-            cache.window_start = window.start
-        fed = slice(0, total)  # a block's first step runs the whole canvas (and so refreshes the cache)
+        calls.start_block(start, end)
         step_in_block = 0
         while True:
             block_masked = canvas[:, start:end] == mask_id
@@ -220,16 +349,11 @@ def diffusion_generate(
             if step_in_block == block:  # every step commits ≥ 1 token, so this would loop forever
                 raise RuntimeError(f"block {block_index} still has masks after {block} steps: no token was committed.")
             if step_callback is not None:
-                step_callback(step, canvas)
+                step_callback(step, canvas[:, pad:])
             # The LM head and the softmax over the vocabulary dominate small shapes: read only each row's
             # still-masked block positions. A shifted model predicts position j from the output at j - 1.
-            logits, cache = _logits_at(
-                model, canvas[:, fed], positions[:, fed], key_mask_4d[:, :, fed], cache,
-                rows, start - shift - fed.start + columns,
-            )
+            logits = calls(canvas, rows, start - shift + columns)
             nfe += 1
-            if window is not None:  # the block's later steps feed only the cache mode's window
-                fed = window
             candidate, confidence, log_probs = _draw_candidates(
                 logits, mask_id, cfg.temperature, cfg.top_p, cfg.top_k, sampling, generator, with_log_probs=topk > 0
             )
@@ -268,7 +392,7 @@ def diffusion_generate(
     completion_mask = (torch.arange(gen, device=device)[None, :] <= first_eos[:, None]).long()
     dense_step, num_steps = _dense_step_ranks(commit_step, step)
     return DiffusionGenerationOutput(
-        sequences=canvas,
+        sequences=canvas[:, pad:],
         completion_ids=completion,
         completion_mask=completion_mask,
         commit_step=dense_step,

@@ -7,12 +7,15 @@ PEFT wrapping and TRL's own handling:
 * ``diffusion_logit_shift`` – ``True`` for Dream-style models that predict position ``i`` from the
   hidden state at ``i - 1``;
 * ``diffusion_sampling`` – ``"gumbel"`` (LLaDA style) or ``"categorical"`` (Dream style), the default
-  way the sampler draws candidates.
+  way the sampler draws candidates;
+* ``diffusion_block_size`` – set on block-diffusion LMs only (SDAR / TraDo, Fast-dLLM v2): attention is causal
+  across blocks of this many positions and bidirectional inside one (:mod:`.block_attention`).
 
 Bidirectionality is installed by :func:`make_bidirectional`: every attention module gets
 ``is_causal = False`` and the decoder receives an explicit 4-D mask (boolean for sdpa, additive 0 /
-large-negative for eager attention) built from whatever 2-D padding mask (or none) the caller passed. Behaviour without an explicit
-mask differs across transformers versions, so we never rely on it.
+large-negative for eager attention) built from whatever 2-D padding mask (or none) the caller passed: bidirectional,
+or block-causal when the config has a block size. Behaviour without an explicit mask differs across transformers
+versions, so we never rely on it. A 4-D mask the caller builds itself (the sampler, the packed forward) passes as is.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .block_attention import block_causal_mask, column_blocks
 from .engines import check_attention_implementation, decoder_of, model_config
 
 _HOOK_ATTR = "_dllm_bidirectional_hook"
@@ -45,10 +49,14 @@ def set_diffusion_properties(
     sampling: str = "gumbel",
     eos_token_id: int | list[int] | None = None,
     pad_token_id: int | None = None,
+    block_size: int | None = None,
 ) -> nn.Module:
-    """Write the diffusion properties onto ``model.config`` and make the model bidirectional."""
+    """Write the diffusion properties onto ``model.config`` and make the model bidirectional (block-causal with
+    blocks of ``block_size`` positions when it is given: a block-diffusion LM)."""
     if sampling not in SAMPLING_STYLES:
         raise ValueError(f"sampling={sampling!r}: expected one of {SAMPLING_STYLES}.")
+    if block_size is not None and (isinstance(block_size, bool) or int(block_size) != block_size or block_size < 1):
+        raise ValueError(f"block_size={block_size!r} must be a positive int (or None for a bidirectional model).")
     config = model_config(model)
     vocab_size = config.get_text_config().vocab_size  # never a weight's shape: ZeRO-3 / FSDP weights are sharded
     if not 0 <= int(mask_token_id) < vocab_size:
@@ -60,7 +68,18 @@ def set_diffusion_properties(
         config.eos_token_id = eos_token_id
     if pad_token_id is not None:
         config.pad_token_id = pad_token_id
+    if block_size is not None:
+        config.diffusion_block_size = int(block_size)
+    elif hasattr(config, "diffusion_block_size"):
+        del config.diffusion_block_size
     return make_bidirectional(model)
+
+
+def diffusion_block_size(model_or_config) -> int | None:
+    """The attention block size of a block-diffusion LM (``config.diffusion_block_size``); ``None`` when the model
+    attends bidirectionally. Takes a model (through any engine wrapper) or a config."""
+    config = model_or_config if not isinstance(model_or_config, nn.Module) else model_config(model_or_config)
+    return getattr(config, "diffusion_block_size", None)
 
 
 def eos_token_ids(config) -> list[int]:
@@ -130,15 +149,27 @@ def _bidirectional_pre_hook(module, args, kwargs):
             f"({past_length} cached + {query_length} new)."
         )
     dtype = inputs_embeds.dtype if inputs_embeds is not None else module.embed_tokens.weight.dtype
+    additive_dtype = mask_dtype_for(module, dtype)
     kwargs = dict(kwargs)
-    kwargs["attention_mask"] = attention_mask_4d(
-        attention_mask, batch_size, query_length, key_length, reference.device, mask_dtype_for(module, dtype)
+    block_size = diffusion_block_size(module.config)
+    if block_size is None:
+        kwargs["attention_mask"] = attention_mask_4d(
+            attention_mask, batch_size, query_length, key_length, reference.device, additive_dtype
+        )
+        return args, kwargs
+    device = reference.device
+    keys = torch.ones(batch_size, key_length, dtype=torch.bool, device=device) if attention_mask is None else attention_mask
+    queries = torch.arange(past_length, key_length, device=device)
+    kwargs["attention_mask"] = block_causal_mask(
+        keys, column_blocks(0, key_length, block_size, device), queries // block_size, queries,
+        additive_dtype=additive_dtype,
     )
     return args, kwargs
 
 
 def make_bidirectional(model: nn.Module) -> nn.Module:
-    """Make ``model`` attend bidirectionally, whatever mask its callers pass. Idempotent."""
+    """Make ``model`` attend bidirectionally (block-causally for a block-diffusion LM), whatever mask its callers
+    pass. Idempotent."""
     check_attention_implementation(diffusion_config(model))
     decoder = decoder_of(model)
     for sub in decoder.modules():

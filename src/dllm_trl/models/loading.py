@@ -1,9 +1,13 @@
-"""Load LLaDA-, Dream- and plain causal-LM checkpoints as bidirectional transformers models (SPEC §4).
+"""Load LLaDA-, Dream-, SDAR-, Fast-dLLM-v2- and plain causal-LM checkpoints as transformers models running as
+diffusion LMs (SPEC §4, §7).
 
 No ``trust_remote_code``: LLaDA checkpoints map onto ``LlamaForCausalLM`` (config keys translated, weights
 renamed at load time through ``from_pretrained(key_mapping=...)``), Dream checkpoints onto
-``Qwen2ForCausalLM`` (weights unchanged). Everything ``from_pretrained`` accepts (``dtype``,
-``device_map``, ``quantization_config``, ``attn_implementation`` …) passes through.
+``Qwen2ForCausalLM`` (weights unchanged). The block-diffusion families keep their base model's weight names:
+SDAR / TraDo (``model_type: "sdar"``, Qwen3 layout) load onto ``Qwen3ForCausalLM``, Fast-dLLM v2
+(``model_type: "Fast_dLLM_Qwen"``, Qwen2.5 layout) onto ``Qwen2ForCausalLM``, both block-causal. Everything
+``from_pretrained`` accepts (``dtype``, ``device_map``, ``quantization_config``, ``attn_implementation`` …) passes
+through.
 """
 
 from __future__ import annotations
@@ -11,7 +15,16 @@ from __future__ import annotations
 import json
 import os
 
-from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 from transformers.utils import cached_file
 
 from .bidirectional import set_diffusion_properties
@@ -34,6 +47,13 @@ LLADA_KEY_MAPPING = {
 
 LLADA_DEFAULTS = {"mask_token_id": 126336, "eos_token_id": 126081, "pad_token_id": 126081}
 DREAM_DEFAULTS = {"mask_token_id": 151666, "eos_token_id": 151643, "pad_token_id": 151643}
+SDAR_MASK_TOKEN_ID = 151669
+"""``<|MASK|>`` of the SDAR / TraDo tokenizer (the public sampling code's ``mask_token_id``); not in their config."""
+FAST_DLLM_V2_MASK_TOKEN_ID = 151665
+"""``|<MASK>|`` of the Fast-dLLM v2 tokenizer (the default of its ``generate``), unless the config says otherwise."""
+BLOCK_FAMILIES = ("sdar", "fast_dllm_v2")
+REMOTE_CODE_KEYS = ("architectures", "auto_map", "model_type", "transformers_version", "bd_size", "fuse_cross_entropy")
+"""Keys of the official configs that only their remote code reads (``bd_size``: Fast-dLLM v2's training block)."""
 
 
 def read_raw_config(name_or_path: str, **hub_kwargs) -> dict:
@@ -49,13 +69,23 @@ def read_raw_config(name_or_path: str, **hub_kwargs) -> dict:
 
 
 def checkpoint_family(raw: dict) -> str:
-    """``"llada"``, ``"dream"`` or ``"causal"`` from the config's model type / architectures."""
+    """``"llada"``, ``"dream"``, ``"sdar"``, ``"fast_dllm_v2"`` or ``"causal"`` from the config's model type /
+    architectures."""
     model_type = str(raw.get("model_type", "")).lower()
     architectures = [a.lower() for a in raw.get("architectures") or []]
     if model_type == "llada" or any(a.startswith("llada") for a in architectures):
         return "llada"
     if model_type == "dream" or any(a.startswith("dream") for a in architectures):
         return "dream"
+    if model_type.startswith("sdar") or any(a.startswith("sdar") for a in architectures):
+        if "moe" in model_type or any("moe" in a for a in architectures):
+            raise ValueError(
+                "SDAR mixture-of-experts checkpoints (SDAR-30B-A3B) are not supported yet: only the dense SDAR / TraDo "
+                "models (Qwen3 layout) map onto a transformers class here."
+            )
+        return "sdar"
+    if model_type == "fast_dllm_qwen" or any(a.startswith("fast_dllm_qwen") for a in architectures):
+        return "fast_dllm_v2"
     return "causal"
 
 
@@ -87,17 +117,61 @@ def llada_to_llama_config(raw: dict) -> LlamaConfig:
     )
 
 
-def dream_to_qwen2_config(raw: dict) -> Qwen2Config:
-    """Translate an official Dream ``config.json`` (Qwen2 keys) into a ``Qwen2Config``."""
-    keys = {k: v for k, v in raw.items() if k not in ("architectures", "auto_map", "model_type", "transformers_version")}
-    rope_theta = keys.pop("rope_theta", 1000000.0)
+def _qwen_config(raw: dict, config_class, default_rope_theta: float):
+    """A Qwen2 / Qwen3 config from an official config.json written for the remote code (same keys, RoPE as
+    ``rope_theta`` / ``rope_scaling``)."""
+    keys = {k: v for k, v in raw.items() if k not in REMOTE_CODE_KEYS}
+    rope_theta = keys.pop("rope_theta", default_rope_theta)
     rope_scaling = keys.pop("rope_scaling", None)
     rope = {"rope_type": "default", "rope_theta": float(rope_theta)}
     if rope_scaling:
         rope.update(rope_scaling)
         rope["rope_theta"] = float(rope_theta)
     keys.setdefault("rope_parameters", rope)
-    return Qwen2Config(**keys)
+    return config_class(**keys)
+
+
+def dream_to_qwen2_config(raw: dict) -> Qwen2Config:
+    """Translate an official Dream ``config.json`` (Qwen2 keys) into a ``Qwen2Config``."""
+    return _qwen_config(raw, Qwen2Config, 1000000.0)
+
+
+def _refuse_sliding_window(raw: dict, family: str) -> None:
+    if raw.get("use_sliding_window"):
+        raise ValueError(
+            f"This {family} checkpoint asks for sliding-window attention (use_sliding_window: true), which the "
+            "explicit block-causal mask would silently override; only full attention is supported."
+        )
+
+
+def sdar_to_qwen3_config(raw: dict) -> Qwen3Config:
+    """Translate an official SDAR / TraDo ``config.json`` (``model_type: "sdar"``, Qwen3 keys) into a
+    ``Qwen3Config``: same layout (GQA, per-head q/k RMSNorm, ``attention_bias`` on q/k/v/o), same weight names."""
+    _refuse_sliding_window(raw, "SDAR")
+    missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size") if k not in raw]
+    if missing:
+        raise ValueError(f"SDAR config is missing {missing}; is this an official SDAR / TraDo checkpoint?")
+    return _qwen_config(raw, Qwen3Config, 10000.0)
+
+
+def fast_dllm_v2_to_qwen2_config(raw: dict) -> Qwen2Config:
+    """Translate an official Fast-dLLM v2 ``config.json`` (``model_type: "Fast_dLLM_Qwen"``, Qwen2 keys plus its
+    training block ``bd_size``) into a ``Qwen2Config`` (Qwen2.5 layout: q/k/v biases, same weight names)."""
+    _refuse_sliding_window(raw, "Fast-dLLM v2")
+    return _qwen_config(raw, Qwen2Config, 10000.0)
+
+
+def _block_size(family: str, raw: dict, block_size: int | None, name_or_path: str) -> int | None:
+    """The attention block size of a block-diffusion checkpoint: the argument, else what the checkpoint says."""
+    if block_size is not None:
+        return block_size
+    if family == "fast_dllm_v2":
+        return int(raw.get("bd_size", 32))
+    raise ValueError(
+        f"{name_or_path!r} is an SDAR / TraDo checkpoint: its block size is a run setting of the public code, not a "
+        "config key. Pass `block_size=`: the block size the checkpoint was trained with (SDAR's and TraDo's public RL "
+        "configs use 4; the b8/b16/b32/b64 checkpoints say theirs in their name)."
+    )
 
 
 def _forget_llada_renaming(model) -> None:
@@ -125,14 +199,21 @@ def load_diffusion_model(
     mask_token_id: int | None = None,
     logit_shift: bool | None = None,
     sampling: str | None = None,
+    block_size: int | None = None,
     **from_pretrained_kwargs,
 ):
-    """Load a masked-diffusion LM as a plain, bidirectional transformers model.
+    """Load a masked-diffusion LM as a plain transformers model (bidirectional, or block-causal for block diffusion).
 
     * LLaDA-format checkpoints -> ``LlamaForCausalLM`` (weights renamed at load).
     * Dream-format checkpoints -> ``Qwen2ForCausalLM`` (weights unchanged, logits shifted right by one).
+    * SDAR / TraDo checkpoints -> ``Qwen3ForCausalLM``, block-causal with blocks of ``block_size`` (required: the
+      checkpoints do not record it), mask token 151669 unless ``mask_token_id`` is given.
+    * Fast-dLLM v2 checkpoints -> ``Qwen2ForCausalLM``, block-causal with blocks of ``block_size`` (default: the
+      config's ``bd_size``), logits shifted right by one, mask token 151665 unless the config or
+      ``mask_token_id`` says otherwise.
     * Any other causal-LM checkpoint, when ``mask_token_id`` is given (or already on its config, e.g. a
-      checkpoint saved by this function).
+      checkpoint saved by this function, whose block size, if any, is on its config too; ``block_size`` makes any
+      checkpoint block-causal).
 
     ``logit_shift`` / ``sampling`` override the family defaults. Other keyword arguments go to
     ``from_pretrained``.
@@ -140,6 +221,11 @@ def load_diffusion_model(
     hub_kwargs = {k: from_pretrained_kwargs[k] for k in ("revision", "token", "cache_dir") if k in from_pretrained_kwargs}
     raw = read_raw_config(name_or_path, **hub_kwargs)
     family = checkpoint_family(raw)
+    if block_size is not None and family in ("llada", "dream"):
+        raise ValueError(
+            f"block_size={block_size}: {family} checkpoints are trained with bidirectional attention; block_size applies "
+            "to block-diffusion checkpoints (SDAR / TraDo, Fast-dLLM v2, or a plain causal LM with mask_token_id=)."
+        )
     if family == "llada":
         config = llada_to_llama_config(raw)
         model = LlamaForCausalLM.from_pretrained(
@@ -151,6 +237,15 @@ def load_diffusion_model(
         config = dream_to_qwen2_config(raw)
         model = Qwen2ForCausalLM.from_pretrained(name_or_path, config=config, **from_pretrained_kwargs)
         defaults = {"mask": raw.get("mask_token_id", DREAM_DEFAULTS["mask_token_id"]), "shift": True, "sampling": "categorical"}
+    elif family == "sdar":
+        block_size = _block_size(family, raw, block_size, name_or_path)
+        model = Qwen3ForCausalLM.from_pretrained(name_or_path, config=sdar_to_qwen3_config(raw), **from_pretrained_kwargs)
+        defaults = {"mask": raw.get("mask_token_id", SDAR_MASK_TOKEN_ID), "shift": False, "sampling": "categorical"}
+    elif family == "fast_dllm_v2":
+        block_size = _block_size(family, raw, block_size, name_or_path)
+        config = fast_dllm_v2_to_qwen2_config(raw)
+        model = Qwen2ForCausalLM.from_pretrained(name_or_path, config=config, **from_pretrained_kwargs)
+        defaults = {"mask": raw.get("mask_token_id", FAST_DLLM_V2_MASK_TOKEN_ID), "shift": True, "sampling": "categorical"}
     else:
         config = AutoConfig.from_pretrained(name_or_path, **hub_kwargs)
         model = AutoModelForCausalLM.from_pretrained(name_or_path, config=config, **from_pretrained_kwargs)
@@ -165,9 +260,12 @@ def load_diffusion_model(
             "shift": getattr(model.config, "diffusion_logit_shift", False),
             "sampling": getattr(model.config, "diffusion_sampling", "gumbel"),
         }
+        if block_size is None:
+            block_size = getattr(model.config, "diffusion_block_size", None)
     return set_diffusion_properties(
         model,
         mask_token_id=mask_token_id if mask_token_id is not None else defaults["mask"],
         logit_shift=defaults["shift"] if logit_shift is None else logit_shift,
         sampling=sampling or defaults["sampling"],
+        block_size=block_size,
     )

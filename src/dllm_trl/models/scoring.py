@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .bidirectional import diffusion_config
+from .bidirectional import diffusion_block_size, diffusion_config
+from .block_attention import align_prompt
 from .engines import logits_at
 
 
@@ -15,12 +16,15 @@ def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Te
     return picked - torch.logsumexp(logits, dim=-1)
 
 
-def _canvas(prompt_ids, prompt_mask, state_ids, shift):
+def _canvas(config, prompt_ids, prompt_mask, state_ids, shift):
+    """``q ⊕ state`` and its key mask, the prompt left-padded to a block boundary for a block-diffusion LM (as the
+    sampler's canvas); returns the prompt width too."""
     if prompt_ids.shape[1] < shift:
         raise ValueError("A model with a logit shift needs a prompt of at least one token.")
+    prompt_ids, prompt_mask = align_prompt(prompt_ids, prompt_mask, diffusion_block_size(config), config.mask_token_id)
     input_ids = torch.cat([prompt_ids, state_ids], dim=1)
     attention_mask = torch.cat([prompt_mask, torch.ones_like(state_ids)], dim=1)
-    return input_ids, attention_mask
+    return input_ids, attention_mask, prompt_ids.shape[1]
 
 
 def completion_logits(
@@ -30,9 +34,10 @@ def completion_logits(
 
     The LM head runs only on the positions that predict the completion (one earlier for shifted models).
     """
-    shift = 1 if getattr(diffusion_config(model), "diffusion_logit_shift", False) else 0
-    input_ids, attention_mask = _canvas(prompt_ids, prompt_mask, state_ids, shift)
-    prompt_len, gen = prompt_ids.shape[1], state_ids.shape[1]
+    config = diffusion_config(model)
+    shift = 1 if getattr(config, "diffusion_logit_shift", False) else 0
+    input_ids, attention_mask, prompt_len = _canvas(config, prompt_ids, prompt_mask, state_ids, shift)
+    gen = state_ids.shape[1]
     positions = torch.arange(prompt_len - shift, prompt_len + gen - shift, device=input_ids.device)
     return model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=positions, use_cache=False).logits
 
@@ -52,11 +57,12 @@ def completion_token_logps(
     """
     if read_mask is None:
         return selective_log_softmax(completion_logits(model, prompt_ids, prompt_mask, state_ids), target_ids)
-    shift = 1 if getattr(diffusion_config(model), "diffusion_logit_shift", False) else 0
-    input_ids, attention_mask = _canvas(prompt_ids, prompt_mask, state_ids, shift)
+    config = diffusion_config(model)
+    shift = 1 if getattr(config, "diffusion_logit_shift", False) else 0
+    input_ids, attention_mask, prompt_len = _canvas(config, prompt_ids, prompt_mask, state_ids, shift)
     rows, columns = read_mask.nonzero(as_tuple=True)
     logits, _ = logits_at(
-        model, rows, columns + (prompt_ids.shape[1] - shift),
+        model, rows, columns + (prompt_len - shift),
         input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
     )
     logps = selective_log_softmax(logits, target_ids[rows, columns])

@@ -1,9 +1,9 @@
-"""Randomly initialised LLaDA- and Dream-shaped models, for tests and benchmarks (no download)."""
+"""Randomly initialised LLaDA-, Dream-, SDAR- and Fast-dLLM-v2-shaped models, for tests and benchmarks (no download)."""
 
 from __future__ import annotations
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from .bidirectional import set_diffusion_properties
 
@@ -16,6 +16,12 @@ DREAM_7B_SHAPE = dict(
     vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
     num_key_value_heads=4, rms_norm_eps=1e-6, rope_theta=1000000.0, mask_token_id=151666, eos_token_id=151643,
 )
+SDAR_8B_SHAPE = dict(
+    vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+    num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6, rope_theta=1000000.0, mask_token_id=151669,
+    eos_token_id=151643,
+)
+"""SDAR-8B / TraDo-8B = Qwen3-8B's shape (GQA 32/8, head dim 128, per-head q/k norms, untied head)."""
 
 
 def tiny_llada_config(
@@ -82,6 +88,42 @@ def tiny_dream_config(
     )
 
 
+def tiny_sdar_config(
+    vocab_size: int = 128,
+    hidden_size: int = 64,
+    intermediate_size: int = 128,
+    num_hidden_layers: int = 2,
+    num_attention_heads: int = 4,
+    num_key_value_heads: int = 2,
+    head_dim: int | None = None,
+    rms_norm_eps: float = 1e-6,
+    rope_theta: float = 1000000.0,
+    eos_token_id: int = 1,
+    max_position_embeddings: int = 2048,
+    tie_word_embeddings: bool = False,
+    **_: object,
+) -> Qwen3Config:
+    """A small ``Qwen3Config`` with SDAR's layout: GQA, per-head q/k RMSNorm, no biases."""
+    return Qwen3Config(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads,
+        head_dim=head_dim or hidden_size // num_attention_heads,
+        rms_norm_eps=rms_norm_eps,
+        rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
+        tie_word_embeddings=tie_word_embeddings,
+        attention_bias=False,
+        max_position_embeddings=max_position_embeddings,
+        use_sliding_window=False,
+        eos_token_id=eos_token_id,
+        pad_token_id=eos_token_id,
+        bos_token_id=eos_token_id,
+    )
+
+
 def _build(model_cls, config, seed: int, dtype: torch.dtype | None, attn_implementation: str):
     config._attn_implementation = attn_implementation
     with torch.random.fork_rng(devices=[]):
@@ -118,3 +160,35 @@ def build_tiny_dream(
     model = _build(Qwen2ForCausalLM, config, seed, dtype, attn_implementation)
     mask = config.vocab_size - 1 if mask_token_id is None else mask_token_id
     return set_diffusion_properties(model, mask_token_id=mask, logit_shift=True, sampling="categorical")
+
+
+def build_tiny_sdar(
+    mask_token_id: int | None = None,
+    block_size: int = 4,
+    seed: int = 0,
+    dtype: torch.dtype | None = None,
+    attn_implementation: str = "sdpa",
+    **config_kwargs,
+) -> Qwen3ForCausalLM:
+    """A random SDAR-shaped block-diffusion LM (blocks of ``block_size``, no logit shift, categorical sampling)."""
+    config = tiny_sdar_config(**config_kwargs)
+    model = _build(Qwen3ForCausalLM, config, seed, dtype, attn_implementation)
+    mask = config.vocab_size - 1 if mask_token_id is None else mask_token_id
+    return set_diffusion_properties(model, mask_token_id=mask, logit_shift=False, sampling="categorical",
+                                    block_size=block_size)
+
+
+def build_tiny_fast_dllm_v2(
+    mask_token_id: int | None = None,
+    block_size: int = 4,
+    seed: int = 0,
+    dtype: torch.dtype | None = None,
+    attn_implementation: str = "sdpa",
+    **config_kwargs,
+) -> Qwen2ForCausalLM:
+    """A random Fast-dLLM-v2-shaped block-diffusion LM (Qwen2.5 layout, blocks of ``block_size``, logit shift)."""
+    config = tiny_dream_config(**config_kwargs)
+    model = _build(Qwen2ForCausalLM, config, seed, dtype, attn_implementation)
+    mask = config.vocab_size - 1 if mask_token_id is None else mask_token_id
+    return set_diffusion_properties(model, mask_token_id=mask, logit_shift=True, sampling="categorical",
+                                    block_size=block_size)
