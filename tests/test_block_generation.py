@@ -237,3 +237,5 @@ def test_block_length_must_divide_the_model_block():
         run(model, prompts(1, 4), block_length=8)
     with pytest.raises(ValueError, match="block_length=3 does not divide"):
         run(model, prompts(1, 4), block_length=3, gen_length=12)
+    with pytest.raises(ValueError, match="gen_length=6 is not a multiple"):
+        run(model, prompts(1, 4), block_length=2, gen_length=6)

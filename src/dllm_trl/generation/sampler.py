@@ -20,13 +20,13 @@ import torch
 
 from ..models.bidirectional import (
     attention_mask_4d,
+    attention_mask_dtype,
     diffusion_block_size,
     diffusion_config,
     eos_token_ids,
-    mask_dtype_for,
 )
 from ..models.block_attention import align_prompt, block_causal_mask, column_blocks
-from ..models.engines import decoder_of, logits_at, unwrap_model
+from ..models.engines import logits_at, unwrap_model
 from .cache import BlockCache, CanvasCache, cache_keyword
 from .config import DiffusionGenerationConfig
 
@@ -257,7 +257,14 @@ class _BlockCalls:
 
 
 def _check_block_decoding(cfg: DiffusionGenerationConfig, block_size: int | None) -> None:
-    if block_size is not None and block_size % cfg.block_length != 0:
+    if block_size is None:
+        return
+    if cfg.gen_length % block_size != 0:
+        raise ValueError(
+            f"gen_length={cfg.gen_length} is not a multiple of the model's attention block size ({block_size}, "
+            "config.diffusion_block_size): a block-diffusion model decodes whole blocks; use a multiple of it."
+        )
+    if block_size % cfg.block_length != 0:
         raise ValueError(
             f"block_length={cfg.block_length} does not divide the model's attention block size ({block_size}, "
             "config.diffusion_block_size): a block-diffusion model decodes its blocks one after another, so the "
@@ -326,7 +333,7 @@ def diffusion_generate(
     topk = cfg.record_topk
     topk_ids = torch.zeros(batch, gen, topk, dtype=torch.long, device=device) if topk else None
     topk_logps = torch.full((batch, gen, topk), float("-inf"), device=device) if topk else None
-    mask_dtype = mask_dtype_for(model, decoder_of(model).embed_tokens.weight.dtype)
+    mask_dtype = attention_mask_dtype(model)
     if attention_block is None:
         calls = _CanvasCalls(model, key_mask, cfg.cache, shift, mask_dtype, config.num_hidden_layers)
     else:

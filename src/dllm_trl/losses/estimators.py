@@ -43,12 +43,18 @@ Then ``Σ_{i∈targets} w_i ℓ_i`` is an unbiased estimate of ``Σ_{i valid} �
 The trainer normalises by the weighted target count (``Σ w``), so with unit weights its conventions are
 unchanged; under "sample" normalisation the weights of a state cancel (paper 1 Eq. 16's ``1/|M|``), under
 "token" normalisation every completion counts as ``≈ L`` tokens whatever its mask ratio.
+
+Block-diffusion models (``block_size``, SPEC §7): a state ``o_t`` is decoded inside one attention block, and its
+targets and candidates are that block's positions only (:func:`~dllm_trl.losses.packed_states.in_state_block`):
+the later blocks are masked in ``o_t`` but the rollout step never read them, and the packed forward that scores all
+states at once has no copy of them. Only the trajectory estimators have a block form.
 """
 
 from __future__ import annotations
 
 import torch
 
+from .packed_states import in_state_block
 from .rldf import INVALID_STEP, clean_target_mask, noisy_state, sequential_target_mask
 
 ESTIMATORS = ("rldf", "sequential", "all_masking", "random_masking")
@@ -204,6 +210,14 @@ def _random_state_mask(gen_length, valid_mask, step, mask_seed, eps):
     return torch.where(complement, ~masked, masked), prob
 
 
+def _check_block(estimator: str, block_size: int | None) -> None:
+    if block_size is not None and estimator not in TRAJECTORY_ESTIMATORS:
+        raise ValueError(
+            f"policy_estimator={estimator!r} has no block-diffusion form: its states mask every block at once, which a "
+            f"block-diffusion model never decodes from; use one of {TRAJECTORY_ESTIMATORS}."
+        )
+
+
 def estimator_targets(
     estimator: str,
     *,
@@ -214,14 +228,19 @@ def estimator_targets(
     clean_prob: torch.Tensor | None = None,
     clean_threshold: float = 0.2,
     eps: float = RANDOM_MASK_EPS,
+    block_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(targets (B, G) bool, weights (B, G) float32 or None)`` of one state per row (``step`` as in
     :func:`estimator_state`); targets are empty where ``step`` is padding. ``clean_prob`` (detached ``π_old`` of
     the rollout tokens at the state) is read by ``rldf`` only. ``weights`` is ``None`` (all ones) but for
-    ``random_masking``: ``1/π`` on its targets, 0 elsewhere (see the module docstring).
+    ``random_masking``: ``1/π`` on its targets, 0 elsewhere (see the module docstring). ``block_size``: a
+    block-diffusion model's, restricting the targets to the state's block.
     """
     _check(estimator)
+    _check_block(estimator, block_size)
     live = (step != INVALID_STEP).view(-1, 1)
+    if block_size is not None:
+        live = live & in_state_block(commit_step, step, block_size)
     valid = valid_mask.bool()
     if estimator == "rldf":
         return clean_target_mask(commit_step, valid_mask, step, clean_prob, clean_threshold) & live, None
@@ -243,15 +262,20 @@ def estimator_candidates(
     step: torch.Tensor,
     mask_seed: torch.Tensor | None = None,
     eps: float = RANDOM_MASK_EPS,
+    block_size: int | None = None,
 ) -> torch.Tensor:
     """(B, G) bool: every position that can be a target of the state (``step`` as in :func:`estimator_state`).
 
-    ``rldf``: ``I_t`` and every still-masked valid token (``Ô_t`` picks among them by ``π_old ≥ c``). The other
-    estimators' targets do not depend on ``π_old``: their candidates are their targets.
+    ``rldf``: ``I_t`` and every still-masked valid token (``Ô_t`` picks among them by ``π_old ≥ c``) — of the
+    state's block with a ``block_size``. The other estimators' targets do not depend on ``π_old``: their candidates
+    are their targets.
     """
     if estimator != "rldf":
         return estimator_targets(
-            estimator, commit_step=commit_step, valid_mask=valid_mask, step=step, mask_seed=mask_seed, eps=eps
+            estimator, commit_step=commit_step, valid_mask=valid_mask, step=step, mask_seed=mask_seed, eps=eps,
+            block_size=block_size,
         )[0]
     live = (step != INVALID_STEP).view(-1, 1)
+    if block_size is not None:
+        live = live & in_state_block(commit_step, step, block_size)
     return (commit_step >= step.view(-1, 1)) & valid_mask.bool() & live

@@ -2,6 +2,7 @@
 
 from .bidirectional import (
     attention_mask_4d,
+    attention_mask_dtype,
     diffusion_block_size,
     diffusion_config,
     eos_token_ids,
@@ -41,6 +42,7 @@ __all__ = [
     "SDAR_8B_SHAPE",
     "align_prompt",
     "attention_mask_4d",
+    "attention_mask_dtype",
     "block_causal_mask",
     "build_tiny_dream",
     "build_tiny_fast_dllm_v2",
@@ -64,6 +66,6 @@ __all__ = [
     "tiny_llada_config",
     "tiny_sdar_config",
 ]
-from .scoring import completion_logits, completion_token_logps, selective_log_softmax
+from .scoring import completion_logits, completion_token_logps, selective_log_softmax, token_logps_at
 
-__all__ += ["completion_logits", "completion_token_logps", "selective_log_softmax"]
+__all__ += ["completion_logits", "completion_token_logps", "selective_log_softmax", "token_logps_at"]

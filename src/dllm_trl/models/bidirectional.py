@@ -130,6 +130,11 @@ def mask_dtype_for(model_or_decoder: nn.Module, dtype: torch.dtype) -> torch.dty
     return dtype
 
 
+def attention_mask_dtype(model: nn.Module) -> torch.dtype | None:
+    """:func:`mask_dtype_for` the model's own weights: the dtype of the 4-D masks its callers build."""
+    return mask_dtype_for(model, decoder_of(model).embed_tokens.weight.dtype)
+
+
 def _bidirectional_pre_hook(module, args, kwargs):
     if len(args) > 1:
         raise TypeError("Call the decoder of a diffusion LM with keyword arguments (attention_mask=...).")

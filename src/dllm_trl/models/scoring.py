@@ -61,9 +61,16 @@ def completion_token_logps(
     shift = 1 if getattr(config, "diffusion_logit_shift", False) else 0
     input_ids, attention_mask, prompt_len = _canvas(config, prompt_ids, prompt_mask, state_ids, shift)
     rows, columns = read_mask.nonzero(as_tuple=True)
-    logits, _ = logits_at(
-        model, rows, columns + (prompt_len - shift),
-        input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+    logps = token_logps_at(
+        model, rows, columns + (prompt_len - shift), target_ids[rows, columns],
+        input_ids=input_ids, attention_mask=attention_mask,
     )
-    logps = selective_log_softmax(logits, target_ids[rows, columns])
     return torch.zeros(read_mask.shape, dtype=logps.dtype, device=logps.device).index_put((rows, columns), logps)
+
+
+def token_logps_at(model, rows: torch.Tensor, columns: torch.Tensor, target_ids: torch.Tensor, **forward_kwargs):
+    """``log π(target_ids[n])`` (N,) in float32 from the outputs at input positions ``(rows[n], columns[n])`` of one
+    forward of ``model(**forward_kwargs)`` (no cache; the LM head runs at those positions only). The packed forward
+    of block-diffusion states (:mod:`dllm_trl.losses.packed_states`) passes its ids, position ids and 4-D mask."""
+    logits, _ = logits_at(model, rows, columns, use_cache=False, **forward_kwargs)
+    return selective_log_softmax(logits, target_ids)

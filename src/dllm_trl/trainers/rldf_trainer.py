@@ -14,6 +14,10 @@ logging, PEFT, distributed — is TRL's own):
 ``args.policy_estimator`` swaps the states / targets / weights for the baselines of paper 1 App. A (SPEC §2.4,
 :mod:`dllm_trl.losses.estimators`); ``sampled_steps`` then holds state ids, and every random mask derives from the
 row's ``mask_seed`` carried in the batch.
+
+Block-diffusion models (``config.diffusion_block_size``, SPEC §7): the targets of a state are its block's, and every
+scoring pass scores the sampled states of a completion in one packed forward (:mod:`dllm_trl.losses.packed_states`;
+``_loss_chunks`` / ``_chunk_loss`` / ``_packed_state_logps``), with one backward per chunk of states.
 """
 
 from __future__ import annotations
@@ -37,8 +41,9 @@ from ..losses.estimators import (
     estimator_steps,
     estimator_targets,
 )
+from ..losses.packed_states import pack_sampled_states, packed_read_positions, states_per_forward
 from ..losses.rldf import INVALID_STEP, k3_kl, policy_token_terms, sample_timesteps, step_uncertainty
-from ..models.bidirectional import diffusion_config, make_bidirectional
+from ..models.bidirectional import attention_mask_dtype, diffusion_block_size, diffusion_config, make_bidirectional
 from ..models.engines import (
     backward_syncs_every_call,
     backward_without_step,
@@ -50,7 +55,7 @@ from ..models.engines import (
     unwrap_model,
 )
 from ..models.loading import load_diffusion_model
-from ..models.scoring import completion_token_logps
+from ..models.scoring import completion_token_logps, token_logps_at
 from .rldf_config import RLDFConfig
 
 TRAJECTORY_KEYS = ("rollout_prompt_ids", "rollout_prompt_mask", "rollout_ids", "commit_step", "valid_mask", "sampled_steps")
@@ -99,7 +104,8 @@ def reference_copy(model, load=None):
     if load is None:
         return load_diffusion_model(
             path, mask_token_id=config.mask_token_id, logit_shift=getattr(config, "diffusion_logit_shift", False),
-            sampling=getattr(config, "diffusion_sampling", None), **from_pretrained_kwargs,
+            sampling=getattr(config, "diffusion_sampling", None), block_size=diffusion_block_size(config),
+            **from_pretrained_kwargs,
         )
     return load(path, **from_pretrained_kwargs)
 
@@ -126,7 +132,7 @@ def init_with_reference(trainer, parent_init, model, args, load=None, **kwargs):
     return reference
 
 
-def _state_candidates(batch, rows, j, args):
+def _state_candidates(batch, rows, j, args, block_size=None):
     """(rows, G) bool: the positions of state ``j`` whose log-prob a loss term may read (a superset of its targets,
     which for RLDF are only known once π_old is scored), so that scoring passes run the LM head there only."""
     seed = batch.get("mask_seed")
@@ -136,6 +142,7 @@ def _state_candidates(batch, rows, j, args):
         valid_mask=batch["valid_mask"][rows],
         step=batch["sampled_steps"][rows, j],
         mask_seed=None if seed is None else seed[rows],
+        block_size=block_size,
     )
 
 
@@ -165,6 +172,11 @@ class RLDFTrainer(GRPOTrainer):
         if isinstance(model, str):
             model = load_diffusion_model(model, **dict(args.model_init_kwargs or {}))
         make_bidirectional(model)
+        if diffusion_block_size(model) is not None and args.policy_estimator not in TRAJECTORY_ESTIMATORS:
+            raise ValueError(
+                f"policy_estimator={args.policy_estimator!r} has no block-diffusion form (its states mask every block "
+                f"at once, which a block-diffusion model never decodes from); use one of {TRAJECTORY_ESTIMATORS}."
+            )
         reference = init_with_reference(self, super().__init__, model, args, reward_funcs=reward_funcs, **kwargs)
         if reference is not None:
             self.ref_model = self._prepare_reference(reference)
@@ -278,6 +290,8 @@ class RLDFTrainer(GRPOTrainer):
 
     def _logps_at_sampled_states(self, model, batch, step_index=None, batch_size=None):
         """(B, k, G) log-probs of ``rollout_ids`` at each sampled ``o_t`` (zeros where the step is padding)."""
+        if step_index is None and self._packs_states(model):
+            return self._packed_logps_at_sampled_states(model, batch, batch_size)
         sampled = batch["sampled_steps"]
         rows, k = sampled.shape
         gen = batch["rollout_ids"].shape[1]
@@ -288,7 +302,7 @@ class RLDFTrainer(GRPOTrainer):
             active = (sampled[:, j] != INVALID_STEP).nonzero().squeeze(1)
             for part in active.split(chunk) if active.numel() else ():
                 prompt_ids, prompt_mask, state = _state_inputs(batch, part, j, mask_id, self.args)
-                read = _state_candidates(batch, part, j, self.args)
+                read = _state_candidates(batch, part, j, self.args, diffusion_block_size(model))
                 out[part, j] = completion_token_logps(
                     model, prompt_ids, prompt_mask, state, batch["rollout_ids"][part], read_mask=read
                 )
@@ -335,6 +349,7 @@ class RLDFTrainer(GRPOTrainer):
                 mask_seed=batch.get("mask_seed"),
                 clean_prob=None if old_logps is None else old_logps[:, j].exp(),
                 clean_threshold=self.args.clean_target_threshold,
+                block_size=diffusion_block_size(self.model),
             )
             masks.append(targets)
             weights.append(weight)
@@ -361,14 +376,15 @@ class RLDFTrainer(GRPOTrainer):
         training = mode == "train" and torch.is_grad_enabled()
         if training:
             check_weights_pass_gradients(model)
-        backward_each_step = training and len(active_steps) > 1 and self._per_step_backward
+        chunks = self._loss_chunks(model, inputs, active_steps)
+        backward_each_step = training and len(chunks) > 1 and self._per_step_backward
         total = torch.zeros((), device=targets.device)
         graph = None  # what the Trainer backpropagates: the last step (per-step backward) or all of them
-        for n, j in enumerate(active_steps):
-            early = backward_each_step and n < len(active_steps) - 1
+        for n, chunk in enumerate(chunks):
+            early = backward_each_step and n < len(chunks) - 1
             # DDP decides at forward time whether the backward synchronises: only the last step may.
             with paused_gradient_sync(self.accelerator, model) if early else contextlib.nullcontext():
-                step_loss = self._step_loss(model, inputs, j, normalizer, kl, ratio_all)
+                step_loss = self._chunk_loss(model, inputs, chunk, normalizer, kl, ratio_all)
                 if early:
                     backward_without_step(self.accelerator, step_loss)
             total = total + step_loss.detach()
@@ -382,15 +398,16 @@ class RLDFTrainer(GRPOTrainer):
         self._metrics[mode]["rldf/loss_time"].append(time.perf_counter() - start)
         return loss
 
-    def _step_loss(self, model, inputs, j, normalizer, kl, ratio_all):
-        """Weighted sum of the per-token terms of sampled step ``j`` over the rows that have one."""
+    def _step_loss(self, model, inputs, j, normalizer, kl, ratio_all, logps=None):
+        """Weighted sum of the per-token terms of sampled step ``j`` over the rows that have one (``logps``: their
+        log-probs at the state when already scored, by a packed forward)."""
         sampled = inputs["sampled_steps"]
         active = (sampled[:, j] != INVALID_STEP).nonzero().squeeze(1)
-        rollout_ids = inputs["rollout_ids"][active]
-        mask_id = diffusion_config(model).mask_token_id
-        prompt_ids, prompt_mask, state = _state_inputs(inputs, active, j, mask_id, self.args)
-        read = inputs["target_mask"][active, j]
-        logps = completion_token_logps(model, prompt_ids, prompt_mask, state, rollout_ids, read_mask=read)
+        if logps is None:
+            mask_id = diffusion_config(model).mask_token_id
+            prompt_ids, prompt_mask, state = _state_inputs(inputs, active, j, mask_id, self.args)
+            read = inputs["target_mask"][active, j]
+            logps = completion_token_logps(model, prompt_ids, prompt_mask, state, inputs["rollout_ids"][active], read_mask=read)
         old_all, ref_all = inputs.get("old_per_token_logps"), inputs.get("ref_per_token_logps")
         old = None if old_all is None else old_all[active, j]
         terms, ratio = policy_token_terms(logps, inputs["advantages"][active], old, self.epsilon_low, self.epsilon_high)
@@ -404,6 +421,74 @@ class RLDFTrainer(GRPOTrainer):
         if "target_weight" in inputs:
             weights = weights * inputs["target_weight"][active, j]
         return (terms * inputs["target_mask"][active, j] * weights).sum()
+
+    # ------------------------------------------------------------------ block-diffusion models: packed states
+    def _packs_states(self, model) -> bool:
+        """Whether the sampled states are scored in packed forwards: a block-diffusion model, and this class's loss
+        term is RLDF's own (a subclass with its own :meth:`_step_loss` scores one state per forward)."""
+        return diffusion_block_size(model) is not None and type(self)._step_loss is RLDFTrainer._step_loss
+
+    def _loss_chunks(self, model, inputs, steps: list[int]) -> list[list[int]]:
+        """The sampled-step indices ``steps`` grouped into forwards (each followed by its backward under per-step
+        backward): one per step, or for a block-diffusion model as many per packed forward as
+        :func:`~dllm_trl.losses.packed_states.states_per_forward` allows."""
+        if not self._packs_states(model):
+            return [[j] for j in steps]
+        width = states_per_forward(
+            inputs["rollout_prompt_ids"].shape[1], inputs["rollout_ids"].shape[1], diffusion_block_size(model)
+        )
+        return [steps[i : i + width] for i in range(0, len(steps), width)]
+
+    def _chunk_loss(self, model, inputs, steps, normalizer, kl, ratio_all):
+        """:meth:`_step_loss` summed over ``steps``; their log-probs come from one packed forward when packing."""
+        if not self._packs_states(model):
+            (j,) = steps  # one state per forward
+            return self._step_loss(model, inputs, j, normalizer, kl, ratio_all)
+        sampled = inputs["sampled_steps"]
+        rows = (sampled[:, steps] != INVALID_STEP).any(1).nonzero().squeeze(1)
+        logps = self._packed_state_logps(model, inputs, rows, steps, inputs["target_mask"][rows][:, steps])
+        where = torch.full((sampled.shape[0],), -1, dtype=torch.long, device=rows.device)
+        where[rows] = torch.arange(rows.numel(), device=rows.device)
+        loss = 0.0
+        for n, j in enumerate(steps):
+            active = (sampled[:, j] != INVALID_STEP).nonzero().squeeze(1)
+            loss = loss + self._step_loss(model, inputs, j, normalizer, kl, ratio_all, logps=logps[where[active], n])
+        return loss
+
+    def _packed_state_logps(self, model, batch, rows, steps, read):
+        """``log π(o_i | q, o_t)`` (len(rows), len(steps), G) at ``read`` for the sampled steps ``steps`` (indices
+        into ``sampled_steps``) of ``rows``: one forward over the prompt, the clean completion and each state's
+        noisy block (SPEC §7)."""
+        config = diffusion_config(model)
+        shift = 1 if getattr(config, "diffusion_logit_shift", False) else 0
+        rollout_ids = batch["rollout_ids"][rows]
+        packed = pack_sampled_states(
+            batch["rollout_prompt_ids"][rows], batch["rollout_prompt_mask"][rows], rollout_ids,
+            batch["commit_step"][rows], batch["sampled_steps"][rows][:, steps], diffusion_block_size(config),
+            config.mask_token_id, attention_mask_dtype(model),
+        )
+        read_rows, read_columns, index = packed_read_positions(packed, read, shift)
+        logps = token_logps_at(
+            model, read_rows, read_columns, rollout_ids[index[0], index[2]], input_ids=packed.input_ids,
+            attention_mask=packed.attention_mask, position_ids=packed.position_ids,
+        )
+        return torch.zeros(read.shape, dtype=logps.dtype, device=logps.device).index_put(index, logps)
+
+    def _packed_logps_at_sampled_states(self, model, batch, batch_size=None):
+        """:meth:`_logps_at_sampled_states` of a block-diffusion model: every state's candidates, rows in chunks of
+        ``batch_size``, states packed as :meth:`_loss_chunks` groups them."""
+        sampled = batch["sampled_steps"]
+        rows, k = sampled.shape
+        out = torch.zeros(rows, k, batch["rollout_ids"].shape[1], device=sampled.device)
+        every = torch.arange(rows, device=sampled.device)
+        block_size = diffusion_block_size(model)
+        read = torch.stack([_state_candidates(batch, every, j, self.args, block_size) for j in range(k)], dim=1)
+        live = (sampled != INVALID_STEP).any(1).nonzero().squeeze(1)
+        for part in live.split(batch_size or rows) if live.numel() else ():
+            for steps in self._loss_chunks(model, batch, list(range(k))):
+                logps = self._packed_state_logps(model, batch, part, steps, read[part][:, steps])
+                out[part.unsqueeze(1), torch.tensor(steps, device=part.device)] = logps
+        return out
 
     def _loss_normalizer(self, inputs, mode) -> torch.Tensor:
         """Per-(row, step) weight of a target token's term, so that summing gives Eq. 10 / Eq. 13.
