@@ -16,6 +16,10 @@ Stages:
 * ``fastdllm``: the public Fast-dLLM LLaDA ``generate.py`` (directory in ``$FASTDLLM_DIR``) against our sampler
   on the same random weights at batch 1, and our batch-32 aggregate beside it.
 * ``dppo``: ``dppo_mask_cost.py`` (bf16 logits, 4 × 512 tokens, V = 126464), its output in a code block.
+* ``block``: an SDAR-8B-shaped (Qwen3-8B) block-diffusion model, blocks of 4 (``block_diffusion.py``): the rollout
+  at batch 8, gen 256, dynamic 0.9, exact block cache against no cache; then the RLDF update with LoRA r16 and
+  gradient checkpointing, the k sampled states of each completion packed into one forward against one forward per
+  state, at k = 16 and 4 (8 rows).
 """
 
 from __future__ import annotations
@@ -364,6 +368,23 @@ def stage_dppo(kind: str):
         print("```", flush=True)
 
 
+def stage_block(kind: str):
+    """The SDAR-8B shape: rollout exact block cache vs none, then the RLDF update packed vs one forward per state."""
+    import block_diffusion
+
+    gpu = kind == GPU
+    shape = ["--shape", "sdar-8b", "--device", "cuda"] if gpu else [
+        "--shape", "small", "--device", "cpu", "--vocab", "2000", "--prompt-length", "16", "--gen-length", "32",
+        "--threads", "1"]
+    args = block_diffusion.parse_args(shape + ["--prompts", "4" if gpu else "2", "--generations", "2", "--lora"])
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model = block_diffusion.build_model(args)
+    block_diffusion.rollout_table(model, args, 8 if gpu else 2, [("dynamic", "none"), ("dynamic", "dual")],
+                                  "Block-diffusion rollout (SDAR-8B shape)" if gpu else "Block-diffusion rollout")
+    block_diffusion.update_table(block_diffusion.enable_lora(model), args, [16, 4])
+
+
 STAGES = {
     "rollout-llada": lambda kind: stage_rollout(kind, "llada"),
     "rollout-dream": lambda kind: stage_rollout(kind, "dream"),
@@ -371,6 +392,7 @@ STAGES = {
     "qlora": stage_qlora,
     "fastdllm": stage_fastdllm,
     "dppo": stage_dppo,
+    "block": stage_block,
 }
 
 

@@ -49,11 +49,12 @@ stage() {  # stage NAME SECONDS: run it, keep whatever it printed, note a failur
 
 # Limits sum to 455 s (+ wheel install and start-up): most telling stages first.
 if [[ -n "$REHEARSAL" ]]; then scale=3; else scale=1; fi  # a loaded 2-core CPU starts Python slowly
-stage rollout-llada $((110 * scale))
-stage fastdllm      $((70 * scale))
-stage rldf          $((75 * scale))
-stage qlora         $((75 * scale))
-stage rollout-dream $((85 * scale))
-stage dppo          $((40 * scale))
+stage rollout-llada $((100 * scale))
+stage fastdllm      $((65 * scale))
+stage rldf          $((70 * scale))
+stage block         $((60 * scale))
+stage qlora         $((70 * scale))
+stage rollout-dream $((60 * scale))
+stage dppo          $((30 * scale))
 echo -e "\n_suite: $(( $(date +%s) - SUITE_START ))s_" >>"$REPORT"
 cat "$REPORT"

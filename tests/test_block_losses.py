@@ -391,16 +391,23 @@ def test_rldf_trains_a_block_model(tmp_path, fmt):
     assert any((p.detach() - before[n]).abs().max() > 0 for n, p in trainer.model.named_parameters())
 
 
-def test_dppo_mask_trains_a_block_model(tmp_path):
+def test_dppo_mask_on_a_block_model_sees_the_rollout_distribution(tmp_path):
+    """μ of the tokens committed at the sampled step is the rollout's record; with the exact block cache it is the
+    training forward's distribution, so on the first (on-policy) step every such token has ratio π_θ / μ = 1."""
     model, tokenizer = _char_block_model("fast_dllm_v2")
-    args = tiny_training_args(DPPOMaskConfig, tmp_path, divergence_top_k=4)
+    args = tiny_training_args(DPPOMaskConfig, tmp_path, divergence_top_k=4, max_steps=1)
     trainer = DPPOMaskTrainer(model=model, reward_funcs=length_reward, args=args, train_dataset=addition_dataset(),
                               processing_class=tokenizer)
     assert trainer.model_kind == "diffusion"
+    trainer._dppo_records = []
     trainer.train()
     logged = [entry for entry in trainer.state.log_history if "loss" in entry]
     assert logged and all(math.isfinite(entry["loss"]) for entry in logged)
-    assert any("dppo/masked_frac" in entry for entry in trainer.state.log_history)
+    tokens = {name: torch.cat([r[name] for r in trainer._dppo_records]) for name in trainer._dppo_records[0]}
+    from_rollout = tokens["from_rollout"].bool()
+    assert from_rollout.sum() > 0
+    torch.testing.assert_close(tokens["log_ratio"][from_rollout], torch.zeros(int(from_rollout.sum())), atol=1e-4, rtol=0)
+    assert tokens["div"][from_rollout].abs().max() < 1e-4
 
 
 def test_non_trajectory_estimators_are_refused_for_block_models(tmp_path):

@@ -17,7 +17,9 @@ class DiffusionGenerationConfig:
         gen_length (`int`, defaults to `256`):
             Number of completion positions appended to the prompt as mask tokens.
         block_length (`int`, defaults to `32`):
-            Blocks are decoded left to right; `gen_length` must be a multiple of it.
+            Blocks are decoded left to right; `gen_length` must be a multiple of it. For a block-diffusion model
+            (`config.diffusion_block_size`) it is the attention block or a sub-block of it (a divisor), and
+            `gen_length` a multiple of the attention block.
         unmasking (`str`, defaults to `"dynamic"`):
             `"dynamic"`: commit every position whose confidence is ≥ `threshold` (at least one per step).
             `"static"`: commit a fixed number of the most confident positions per step (`steps` in total).
@@ -37,7 +39,9 @@ class DiffusionGenerationConfig:
             style: softmax then a categorical draw). `None` uses the model's `config.diffusion_sampling`.
         cache (`str`, defaults to `"dual"`):
             KV cache: `"none"` (full forward every step), `"prefix"` (reuse keys/values before the block) or
-            `"dual"` (reuse prefix and suffix, feed only the block). Refreshed at every block start.
+            `"dual"` (reuse prefix and suffix, feed only the block). Refreshed at every block start. For a
+            block-diffusion model `"prefix"` and `"dual"` are the same exact cache of the finished blocks (nothing
+            after the current block is visible to it).
         record_topk (`int`, defaults to `0`):
             Also record, per committed token, the top-K ids and log-probs of the distribution it was drawn
             from (0 = off).

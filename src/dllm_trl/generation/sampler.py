@@ -140,8 +140,8 @@ def _logits_at(model, ids, positions, mask, cache, rows, columns):
     """The sampler's one model call: float logits ``(n, V)`` at the fed positions ``(rows, columns)``.
 
     ``ids`` and ``positions`` (B, q): the fed canvas positions and their position ids; ``mask`` (B, 1, q, P+G):
-    the keys each query attends to; ``cache``: the :class:`CanvasCache` the call reads and writes in place (None
-    without a cache). The (possibly engine-wrapped) model's own forward runs, and only the read positions go through
+    the keys each query attends to; ``cache``: the :class:`CanvasCache` or :class:`BlockCache` the call reads and
+    writes in place (None without a cache). The (possibly engine-wrapped) model's own forward runs, and only the read positions go through
     the LM head (:func:`~dllm_trl.models.engines.logits_at`); the logits are a fresh tensor the caller may overwrite.
     """
     logits, _ = logits_at(
@@ -256,7 +256,9 @@ class _BlockCalls:
         return logits
 
 
-def _check_block_decoding(cfg: DiffusionGenerationConfig, block_size: int | None) -> None:
+def check_block_decoding(cfg: DiffusionGenerationConfig, block_size: int | None) -> None:
+    """Refuse settings a block-diffusion model (attention blocks of ``block_size``; ``None``: bidirectional) cannot
+    decode with."""
     if block_size is None:
         return
     if cfg.gen_length % block_size != 0:
@@ -308,7 +310,7 @@ def diffusion_generate(
     shift = 1 if getattr(config, "diffusion_logit_shift", False) else 0
     sampling = cfg.sampling or getattr(config, "diffusion_sampling", "gumbel")
     attention_block = diffusion_block_size(config)
-    _check_block_decoding(cfg, attention_block)
+    check_block_decoding(cfg, attention_block)
     eos_ids = eos_token_ids(config)
     if not eos_ids:
         raise ValueError("The model config has no eos_token_id; the sampler needs one to end completions.")

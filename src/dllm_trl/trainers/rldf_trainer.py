@@ -33,7 +33,7 @@ from trl import GRPOTrainer
 from trl.models import prepare_deepspeed, prepare_fsdp, unwrap_model_for_generation
 from trl.trainer.utils import disable_dropout_in_model, pad
 
-from ..generation.sampler import diffusion_generate
+from ..generation.sampler import check_block_decoding, diffusion_generate
 from ..losses.estimators import (
     TRAJECTORY_ESTIMATORS,
     estimator_candidates,
@@ -182,6 +182,7 @@ class RLDFTrainer(GRPOTrainer):
             self.ref_model = self._prepare_reference(reference)
 
         self.diffusion_generation_config = args.diffusion_generation_config()
+        check_block_decoding(self.diffusion_generation_config, diffusion_block_size(model))
         device = self.accelerator.device
         self._rollout_generator = torch.Generator(device=device)
         self._rollout_generator.manual_seed(args.seed + 1000003 * self.accelerator.process_index)

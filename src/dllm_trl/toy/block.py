@@ -1,0 +1,188 @@
+"""The toy block-diffusion model: the addition task (``"37+45="`` → ``"82"``) for an SDAR-shaped model (SPEC §7).
+
+Qwen3 layout at toy size (GQA, per-head q/k norms, no logit shift), attention blocks of ``TOY_BLOCK_SIZE`` = 4:
+causal across blocks, bidirectional inside one. It shares the toy tokenizer, task and reward; its checkpoint lives
+in ``assets/toy_block`` and is produced by ``scripts/pretrain_toy_block.py``::
+
+    from dllm_trl.toy import evaluate_accuracy, toy_dataset
+    from dllm_trl.toy.block import load_toy_block, toy_block_generation_config
+
+    model, tokenizer = load_toy_block()
+    print(evaluate_accuracy(model, tokenizer, toy_dataset("test"), toy_block_generation_config())["accuracy"])
+
+Pre-training is block-diffusion SFT (the SDAR / Fast-dLLM v2 objective): each response block is masked with its own
+ratio ``t ~ U(eps, 1]``, every noisy block sees the clean blocks before it (one packed forward, the layout of
+:mod:`dllm_trl.losses.packed_states`), and the loss is the cross-entropy at the masked positions weighted by ``1/t``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from importlib import resources
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from transformers import AutoTokenizer
+
+from ..generation import DiffusionGenerationConfig
+from ..losses.packed_states import pack_block_copies, packed_read_positions
+from ..models import attention_mask_dtype, build_tiny_sdar, load_diffusion_model, token_logps_at
+from .evaluate import evaluate_accuracy
+from .model import TOY_GEN_LENGTH
+from .pretrain import encode_training_set
+from .task import toy_dataset
+from .tokenizer import build_toy_tokenizer
+
+TOY_BLOCK_SIZE = 4
+"""Attention block of the toy block model: the 8 completion positions are two blocks."""
+
+TOY_BLOCK_MODEL_SHAPE = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
+                             num_key_value_heads=2)
+"""SDAR's (Qwen3) layout at toy size; the vocabulary is the toy tokenizer's."""
+
+
+def toy_block_assets_dir() -> Path:
+    """Folder of the shipped toy block-diffusion checkpoint and tokenizer, inside the installed package."""
+    return Path(str(resources.files("dllm_trl").joinpath("assets", "toy_block")))
+
+
+def toy_block_generation_config(**overrides) -> DiffusionGenerationConfig:
+    """Sampler settings of the toy block model: 8 positions in its blocks of 4, dynamic threshold 0.9, greedy, the
+    exact block cache. Keyword arguments override any field (``temperature=1.0`` for rollouts)."""
+    settings = dict(gen_length=TOY_GEN_LENGTH, block_length=TOY_BLOCK_SIZE, unmasking="dynamic", threshold=0.9,
+                    temperature=0.0, cache="dual")
+    settings.update(overrides)
+    return DiffusionGenerationConfig(**settings)
+
+
+def load_toy_block(device: str = "cpu", path: str | Path | None = None, **from_pretrained_kwargs):
+    """``(model, tokenizer)`` of the shipped toy block model (or of ``path``), the model in eval mode."""
+    path = str(path or toy_block_assets_dir())
+    model = load_diffusion_model(path, **from_pretrained_kwargs).to(device).eval()
+    return model, AutoTokenizer.from_pretrained(path)
+
+
+def block_diffusion_loss(
+    model,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    response_ids: torch.Tensor,
+    mask_token_id: int,
+    block_size: int,
+    generator: torch.Generator | None = None,
+    eps: float = 1e-3,
+) -> torch.Tensor:
+    """Block-diffusion SFT loss: ``t_b ~ U(eps, 1]`` per row and response block ``b``, each response token masked in
+    its block's noisy copy with probability ``t_b``; ``Σ_masked CE / t_b`` over the number of response positions.
+
+    One packed forward: prompt ⊕ the clean response's blocks but the last ⊕ a noisy copy of every block.
+    """
+    rows, length = response_ids.shape
+    blocks = length // block_size
+    device = response_ids.device
+    t = eps + (1 - eps) * torch.rand(rows, blocks, 1, generator=generator, device=device)
+    masked = torch.rand(rows, blocks, block_size, generator=generator, device=device) < t
+    copies = response_ids.view(rows, blocks, block_size).masked_fill(masked, mask_token_id)
+    copy_blocks = torch.arange(blocks, device=device).expand(rows, blocks)
+    packed = pack_block_copies(
+        prompt_ids, prompt_mask, response_ids[:, : (blocks - 1) * block_size], copies, copy_blocks,
+        torch.ones(rows, blocks, dtype=torch.bool, device=device), block_size, mask_token_id,
+        attention_mask_dtype(model),
+    )
+    own_block = torch.arange(length, device=device) // block_size == torch.arange(blocks, device=device)[:, None]
+    read = masked.view(rows, 1, length) & own_block  # (rows, copy, position): the masked positions of each copy
+    read_rows, read_columns, (r, j, i) = packed_read_positions(packed, read, shift=0)
+    logps = token_logps_at(model, read_rows, read_columns, response_ids[r, i], input_ids=packed.input_ids,
+                           attention_mask=packed.attention_mask, position_ids=packed.position_ids)
+    weights = 1.0 / t.view(rows, blocks)[r, j]
+    return -(logps * weights).sum() / response_ids.numel()
+
+
+@dataclass
+class ToyBlockPretrainConfig:
+    """Settings of :func:`pretrain_toy_block` (the defaults produce the shipped checkpoint)."""
+
+    seed: int = 0
+    batch_size: int = 128
+    learning_rate: float = 1e-3
+    warmup_steps: int = 20
+    max_grad_norm: float = 1.0
+    mask_eps: float = 1e-3
+    chat_fraction: float = 0.2
+    max_steps: int = 3000
+    eval_every: int = 25
+    target_accuracy: float = 0.3
+    eval_batch_size: int = 200
+
+
+def pretrain_toy_block(output_dir: str | Path, config: ToyBlockPretrainConfig | None = None, log=print) -> dict:
+    """Train the toy block model from scratch and save model + tokenizer to ``output_dir``; returns a summary.
+
+    Stops at the first evaluation whose greedy held-out accuracy reaches ``target_accuracy`` (a partly competent
+    model that RL can still improve). Deterministic algorithms throughout.
+    """
+    cfg = config or ToyBlockPretrainConfig()
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        return _pretrain(Path(output_dir), cfg, log)
+    finally:
+        torch.use_deterministic_algorithms(deterministic)
+
+
+def _pretrain(output_dir: Path, cfg: ToyBlockPretrainConfig, log) -> dict:
+    torch.manual_seed(cfg.seed)
+    tokenizer = build_toy_tokenizer()
+    model = build_tiny_sdar(
+        mask_token_id=tokenizer.mask_token_id, block_size=TOY_BLOCK_SIZE, seed=cfg.seed, vocab_size=len(tokenizer),
+        eos_token_id=tokenizer.eos_token_id, max_position_embeddings=tokenizer.model_max_length,
+        **TOY_BLOCK_MODEL_SHAPE,
+    )
+    model.config.bos_token_id = tokenizer.bos_token_id
+    data = encode_training_set(tokenizer)
+    num_examples = data["response_ids"].shape[0]
+    test_set = toy_dataset("test")
+    generation_config = toy_block_generation_config()
+
+    generator = torch.Generator().manual_seed(cfg.seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / cfg.warmup_steps))
+    order = torch.randperm(num_examples, generator=generator)
+    cursor, history, accuracy = 0, [], 0.0
+    start = time.perf_counter()
+    model.train()
+    for step in range(1, cfg.max_steps + 1):
+        if cursor + cfg.batch_size > num_examples:
+            order, cursor = torch.randperm(num_examples, generator=generator), 0
+        index = order[cursor : cursor + cfg.batch_size]
+        cursor += cfg.batch_size
+        chat = (torch.rand(cfg.batch_size, generator=generator) < cfg.chat_fraction).long()
+        loss = block_diffusion_loss(
+            model, data["prompt_ids"][chat, index], data["prompt_mask"][chat, index], data["response_ids"][index],
+            tokenizer.mask_token_id, TOY_BLOCK_SIZE, generator, cfg.mask_eps,
+        )
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+
+        if step % cfg.eval_every == 0:
+            accuracy = evaluate_accuracy(model, tokenizer, test_set, generation_config, cfg.eval_batch_size)["accuracy"]
+            history.append(dict(step=step, loss=round(loss.item(), 4), accuracy=accuracy))
+            log(f"step {step:5d}  loss {loss.item():.4f}  held-out greedy accuracy {accuracy:.3f}  "
+                f"({time.perf_counter() - start:.0f} s)")
+            if accuracy >= cfg.target_accuracy:
+                break
+    seconds = time.perf_counter() - start
+
+    model.eval()
+    output_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(output_dir)
+    tokenizer.save_pretrained(output_dir)
+    summary = dict(steps=step, test_accuracy=accuracy, config=asdict(cfg), history=history)
+    (output_dir / "pretrain_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return dict(summary, seconds=seconds)
