@@ -70,12 +70,14 @@ import json
 import logging
 import os
 import random
+import select
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -95,6 +97,8 @@ __all__ = [
     "sandbox_capabilities",
 ]
 
+MAX_CONCURRENT = 64  # default number of completions evaluated at once
+
 PRELOAD_MODULES = [
     "math", "cmath", "re", "string", "collections", "itertools", "functools", "heapq", "bisect",
     "operator", "copy", "fractions", "decimal", "statistics", "typing", "numbers", "datetime",
@@ -102,7 +106,7 @@ PRELOAD_MODULES = [
     "dataclasses", "enum", "time", "abc", "collections.abc", "contextlib", "types", "weakref",
 ]
 
-PRELOAD_MODULES_MIN = ["math", "re", "collections", "itertools", "functools", "heapq", "bisect", "string", "typing", "operator", "copy"]
+PRELOAD_MODULES_MIN = ["math", "re", "collections", "itertools", "functools", "heapq", "bisect", "string", "typing", "operator", "copy", "types"]
 
 
 # =============================================================================== extraction
@@ -169,7 +173,7 @@ class SandboxConfig:
     ``max_total_timeout``); memory_mb: RLIMIT_AS of the executor; file_size_mb: RLIMIT_FSIZE;
     scratch_mb: size of the scratch tmpfs; nofile: RLIMIT_NOFILE; max_procs: RLIMIT_NPROC (1 = no
     fork, no threads); namespaces / seccomp: ``"auto"`` (use when available), ``"require"``
-    (infrastructure error when unavailable) or ``"off"``; workers: concurrent completions;
+    (infrastructure error when unavailable) or ``"off"``; workers: completions evaluated at once (default: the whole batch, up to ``MAX_CONCURRENT``, or ``DLLM_TRL_CODE_WORKERS``);
     boot_timeout: allowance for interpreter start-up (not charged to the candidate).
     """
 
@@ -198,7 +202,7 @@ class SandboxConfig:
                 return max(1, int(env))
             except ValueError:
                 pass
-        return max(1, min(8, os.cpu_count() or 1))
+        return MAX_CONCURRENT
 
 
 @dataclass
@@ -424,7 +428,45 @@ def run_code_tests(
     results: dict[int, dict] = {}
     error: str | None = None
     iso: dict | None = None
-    proc = None
+    start = time.monotonic()
+    hard_deadline = start + total + cfg.boot_timeout * 2 + 5.0
+    first = 0
+    try:
+        while first < n:
+            job["first_test"] = first
+            job["total_timeout"] = max(0.0, total - (time.monotonic() - start))
+            seg_error, seg_iso, stalled = _run_judge(job, n, results, hard_deadline)
+            iso = iso or seg_iso
+            if stalled is None:
+                error = seg_error
+                break
+            # the judge was stuck on test `stalled` (C-level work on a candidate's value the alarm
+            # cannot interrupt): it was killed; that test fails, the remaining ones get a new judge
+            results[stalled] = {"i": stalled, "passed": False, "err": "timeout (the test's work on the candidate's value)"}
+            _kill_uid(uid)
+            first = stalled + 1
+            if time.monotonic() - start >= total:
+                break
+    finally:
+        _kill_uid(uid)
+        _free_uid(uid)
+        shutil.rmtree(scratch, ignore_errors=True)
+    tests_out = [results.get(i, {"i": i, "passed": False, "err": "not run"}) for i in range(n)]
+    passed = sum(1 for r in tests_out if r.get("passed") is True)
+    if error is not None:
+        _warn_once("infra:" + error[:60], f"dllm_trl code reward: sandbox infrastructure error: {error}")
+    return CodeTestResult(passed, n, tests=tests_out, error=error, isolation=iso)
+
+
+_KILL_GRACE = 1.0  # seconds past a test's watched deadline before a stuck judge is killed
+
+
+def _run_judge(job: dict, n: int, results: dict[int, dict], hard_deadline: float) -> tuple[str | None, dict | None, int | None]:
+    """One judge process, from ``job["first_test"]`` on. Fills ``results``; returns (infrastructure
+    error, isolation report, index of the test the judge was killed on or None)."""
+    error: str | None = None
+    iso: dict | None = None
+    watched: tuple[int, float] | None = None
     try:
         proc = subprocess.Popen(
             [job["python"], "-I", "-S", "-c", _judge_src()],
@@ -436,40 +478,68 @@ def run_code_tests(
             close_fds=True,
             start_new_session=True,
         )
-        hard = total + cfg.boot_timeout * 2 + 5.0
+    except OSError as exc:
+        return f"cannot start judge: {exc}", None, None
+    try:
         try:
-            out, err = proc.communicate(json.dumps(job).encode("utf-8"), timeout=hard)
+            proc.stdin.write(json.dumps(job).encode("utf-8"))
+            proc.stdin.close()
+        except OSError:
+            pass
+        fd = proc.stdout.fileno()
+        buf = b""
+        eof = False
+        while not eof:
+            limit = hard_deadline
+            if watched is not None and watched[0] not in results:
+                limit = min(limit, watched[1] + _KILL_GRACE)
+            remaining = limit - time.monotonic()
+            if remaining <= 0:
+                _killpg(proc)
+                if watched is not None and watched[0] not in results and limit < hard_deadline:
+                    return None, iso, watched[0]
+                return "judge exceeded the hard time limit", iso, None
+            ready, _, _ = select.select([fd], [], [], remaining)
+            if not ready:
+                continue
+            chunk = os.read(fd, 1 << 16)
+            eof = not chunk
+            buf += chunk
+            *lines, buf = buf.split(b"\n")
+            for line in lines:
+                try:
+                    msg = json.loads(line.decode("utf-8", "replace"))
+                except ValueError:
+                    continue
+                k = msg.get("k")
+                if k == "test" and isinstance(msg.get("i"), int) and 0 <= msg["i"] < n:
+                    results[msg["i"]] = msg
+                elif k == "watch" and isinstance(msg.get("i"), int) and isinstance(msg.get("until"), (int, float)):
+                    watched = (msg["i"], float(msg["until"]))
+                elif k == "iso":
+                    iso = msg
+                elif k == "infra":
+                    error = str(msg.get("e"))
+        try:
+            proc.wait(timeout=max(0.1, hard_deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             _killpg(proc)
-            out, err = proc.communicate()
-            error = "judge exceeded the hard time limit"
-        for line in out.decode("utf-8", "replace").splitlines():
-            try:
-                msg = json.loads(line)
-            except ValueError:
-                continue
-            k = msg.get("k")
-            if k == "test" and isinstance(msg.get("i"), int) and 0 <= msg["i"] < n:
-                results[msg["i"]] = msg
-            elif k == "iso":
-                iso = msg
-            elif k == "infra":
-                error = str(msg.get("e"))
         if proc.returncode not in (0, None) and error is None and len(results) < n:
+            err = proc.stderr.read() if proc.stderr is not None else b""
             error = f"judge exited with {proc.returncode}: {err.decode('utf-8', 'replace')[-500:]}"
-    except OSError as exc:
-        error = f"cannot start judge: {exc}"
+        return error, iso, None
     finally:
-        if proc is not None and proc.poll() is None:
+        if proc.poll() is None:
             _killpg(proc)
-        _kill_uid(uid)
-        _free_uid(uid)
-        shutil.rmtree(scratch, ignore_errors=True)
-    tests_out = [results.get(i, {"i": i, "passed": False, "err": "not run"}) for i in range(n)]
-    passed = sum(1 for r in tests_out if r.get("passed") is True)
-    if error is not None:
-        _warn_once("infra:" + error[:60], f"dllm_trl code reward: sandbox infrastructure error: {error}")
-    return CodeTestResult(passed, n, tests=tests_out, error=error, isolation=iso)
+        for f in (proc.stdout, proc.stderr):
+            try:
+                f.close()
+            except OSError:
+                pass
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
 
 
 def _killpg(proc: subprocess.Popen) -> None:
@@ -575,24 +645,45 @@ def _score(args: tuple[Any, dict, SandboxConfig]) -> float:
 
 
 def _column(values: Any, n: int, name: str) -> list:
-    """A dataset column → one entry per completion. TRL always passes columns (length ``n``); for
-    direct calls a single value (a string, or a list of assert strings whose length is not ``n``)
-    is shared by every completion."""
+    """A dataset column → one entry per completion: a list of ``n`` entries (what TRL passes), or
+    one string shared by every completion (direct calls)."""
     if values is None:
         return [None] * n
     if isinstance(values, str):
         return [values] * n
-    if isinstance(values, (list, tuple)):
-        if len(values) == n:
-            return list(values)
-        if all(isinstance(v, str) for v in values):
-            return [list(values)] * n
-    raise ValueError(f"code reward: column '{name}' has {len(values) if hasattr(values, '__len__') else '?'} entries for {n} completions")
+    if isinstance(values, (list, tuple)) and len(values) == n:
+        return list(values)
+    count = len(values) if hasattr(values, "__len__") else "?"
+    raise ValueError(f"code reward: column '{name}' has {count} entries for {n} completions; pass one entry per completion")
+
+
+def _single_assert(src: Any) -> bool:
+    import ast
+
+    try:
+        body = ast.parse(src).body
+    except (SyntaxError, ValueError):
+        return False
+    return len(body) == 1 and isinstance(body[0], ast.Assert)
+
+
+def _tests_column(values: Any, n: int, name: str) -> list:
+    """The ``tests`` / ``test_list`` column: per completion, a list of assert statements or one
+    string of test code. A flat list of assert strings is refused: whether it is one test list
+    shared by all completions or one test per completion would depend on the batch size."""
+    if isinstance(values, (list, tuple)) and values and all(isinstance(v, str) for v in values) and n > 1:
+        if len(values) != n or all(_single_assert(v) for v in values):
+            raise ValueError(
+                f"code reward: column '{name}' is a flat list of {len(values)} assert strings for {n} completions, "
+                f"which could mean one shared test list or one test per completion. Pass one list per completion: "
+                f"{name}=[tests] * {n} to share the same asserts, or {name}=[[assert_1], [assert_2], ...]."
+            )
+    return _column(values, n, name)
 
 
 def _rows(n: int, tests: Any, kwargs: dict) -> list[dict]:
     cols = {
-        "tests": _column(tests if tests is not None else kwargs.get("test_list"), n, "tests"),
+        "tests": _tests_column(tests if tests is not None else kwargs.get("test_list"), n, "tests" if tests is not None else "test_list"),
         "test": _column(kwargs.get("test"), n, "test"),
         "entry_point": _column(kwargs.get("entry_point"), n, "entry_point"),
         "test_setup_code": _column(kwargs.get("test_setup_code"), n, "test_setup_code"),
@@ -612,6 +703,8 @@ def _evaluate_batch(completions: Sequence[Any], rows: list[dict], cfg: SandboxCo
     jobs = [(c, r, cfg) for c, r in zip(completions, rows)]
     if not jobs:
         return []
+    # every completion of the batch runs at once (up to ``n_workers``), each with its own deadlines:
+    # a candidate that sleeps or spins costs its own budget, not a slot its neighbours wait for
     workers = min(cfg.n_workers(), len(jobs))
     if workers <= 1:
         return [_score(j) for j in jobs]
