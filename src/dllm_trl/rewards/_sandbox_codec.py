@@ -65,6 +65,9 @@ class Record:
         fields = object.__getattribute__(self, "_fields")
         if name in fields:
             return object.__getattribute__(self, "_values")[fields.index(name)]
+        handle = object.__getattribute__(self, "_handle")
+        if handle is not None and not name.startswith("__"):
+            return getattr(handle, name)  # methods of the dataclass: asked of the original object
         raise AttributeError(name)
 
     def __setattr__(self, name, value):

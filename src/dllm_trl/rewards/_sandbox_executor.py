@@ -285,6 +285,8 @@ class _Session:
                     result = target[arg]
                 elif kind == "contains":
                     result = arg in target
+                elif kind == "str":
+                    result = str(target)
                 else:
                     raise ValueError("unknown operation")
                 payload = {"k": "ret", "id": rid, "v": self.encode(result), "mut": []}

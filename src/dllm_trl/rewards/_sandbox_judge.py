@@ -391,6 +391,12 @@ class RemoteObject:
     def __bool__(self):
         raise TypeError("the truth value of a sandboxed object is not taken")
 
+    def __str__(self):
+        text = self._op("op", op="str")
+        if type(text) is not str:
+            raise TypeError("str() of a sandboxed object must be a str")
+        return text
+
     def __eq__(self, other):
         if isinstance(other, Record):  # noqa: F821
             other = other._handle
