@@ -9,7 +9,7 @@ Both answers arrive *normalised* (``dllm_trl.rewards.math.normalize_math_answer`
 ``%`` kept as a marker, list separators written as ``,``). :func:`parse_answer` reads the answer's
 structure itself (lists, sets, tuples / intervals, unions, inequalities, matrices, percentages,
 multiple-choice letters, words) and hands only scalar leaves to a LaTeX parser
-(``latex2sympy2_extended``; ``math_verify.parse`` when that fails). Decimal literals are rewritten
+(``latex2sympy2_extended``; a leaf it cannot read in full is not read at all). Decimal literals are rewritten
 as exact fractions before parsing, so no float ever enters a comparison. :func:`answers_equal`
 then applies the rules documented in ``docs/rewards.md``:
 
@@ -56,16 +56,7 @@ class _SoftTimeout(BaseException):
 
 # ----------------------------------------------------------------------------- backend discovery
 def _discover_backends():
-    info = {"math_verify": None, "sympy_parser": None, "errors": []}
-    mv_parse = None
-    try:
-        import math_verify
-        from math_verify import parse as mv_parse
-
-        info["math_verify"] = getattr(math_verify, "__version__", "unknown")
-    except Exception as exc:  # pragma: no cover - depends on the environment
-        info["errors"].append(f"math_verify unavailable: {type(exc).__name__}: {exc}")
-
+    info = {"sympy_parser": None, "errors": []}
     parser = None
     try:
         from latex2sympy2_extended import latex2sympy
@@ -77,7 +68,7 @@ def _discover_backends():
             info["sympy_parser"] = "latex2sympy2_extended"
     except Exception as exc:  # pragma: no cover
         info["errors"].append(f"latex2sympy2_extended unusable: {type(exc).__name__}: {exc}")
-    return mv_parse, parser, info
+    return parser, info
 
 
 _BACKENDS = None
@@ -86,7 +77,6 @@ _BACKENDS = None
 def _backends():
     global _BACKENDS
     if _BACKENDS is None:
-        logging.getLogger("math_verify").setLevel(logging.CRITICAL)
         logging.getLogger("latex2sympy2_extended").setLevel(logging.CRITICAL)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -196,26 +186,15 @@ def _exact_decimals(text):
 def _parse_scalar(text):
     import sympy
 
-    mv_parse, parser, _ = _backends()
-    if not text:
+    parser, _ = _backends()
+    if not text or parser is None:
         return None
-    exact = _exact_decimals(text)
-    expr = None
-    if parser is not None:
-        try:
-            expr = parser(exact)
-        except _SoftTimeout:
-            raise
-        except Exception:
-            expr = None
-    if expr is None and mv_parse is not None:
-        try:
-            got = mv_parse("$" + exact + "$", parsing_timeout=None)
-            expr = got[0] if got else None
-        except _SoftTimeout:
-            raise
-        except Exception:
-            expr = None
+    try:
+        expr = parser(_exact_decimals(text))
+    except _SoftTimeout:
+        raise
+    except Exception:
+        return None
     if expr is None or not isinstance(expr, sympy.Basic):
         return None
     if isinstance(expr, (sympy.Set, sympy.logic.boolalg.Boolean)) or getattr(expr, "is_Relational", False):
@@ -332,7 +311,7 @@ def _parse_relation(s):
     """An inequality (chain) in one variable → its real solution set."""
     import sympy
 
-    mv_parse, parser, _ = _backends()
+    parser, _ = _backends()
     if parser is None:
         return None
     try:
@@ -579,7 +558,7 @@ def heavy_equal(pred: str, gold: str, timeout: float = 5.0) -> tuple[bool, str]:
     """Structure + sympy comparison of two normalised answers. Returns (equal, stage). Never raises
     (a soft timeout gives ``(False, "timeout")``). Uses SIGALRM only when called from the main
     thread."""
-    _, parser, _ = _backends()
+    parser, _ = _backends()
     use_alarm = threading.current_thread() is threading.main_thread() and timeout and timeout > 0
 
     def _handler(signum, frame):
@@ -620,7 +599,7 @@ def _main():
     out = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # stray prints from libraries go to stderr, never into the protocol stream
     sys.stdout = sys.stderr
-    _, _, info = _backends()
+    _, info = _backends()
     out.write(json.dumps({"ready": True, "backends": info}) + "\n")
     out.flush()
     for line in sys.stdin:

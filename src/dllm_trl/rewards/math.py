@@ -5,12 +5,15 @@ Pipeline of :func:`math_answers_equal` (first success wins; the rules are in ``d
 1. string normalisation (:func:`normalize_math_answer`) and exact comparison — in process, cheap;
 2. structural comparison in a worker (``_math_worker.py``): the answer's structure (lists, sets,
    tuples / intervals, inequalities, matrices, percentages, choice letters) is read by our own
-   parser, scalar leaves by ``latex2sympy2_extended`` (``math_verify.parse`` when that fails), with
-   decimal literals rewritten as exact fractions; numbers compare exactly (integers and rationals
-   never by tolerance, decimals by their written precision), expressions by sympy.
+   parser, scalar leaves by ``latex2sympy2_extended`` (a leaf it cannot read in full is not
+   equal to anything), with decimal literals rewritten as exact fractions; numbers compare exactly
+   (integers and rationals never by tolerance, decimals by their written precision), expressions
+   by sympy.
 
-``math_verify.verify`` is not used to decide: it rounds floats to 6 decimal places
-(``0.1234567`` = ``0.1234568``) and equates ``(2,3)`` with ``2, 3``, which these rules reject.
+``math_verify`` (which brings ``latex2sympy2_extended``) is not used to decide: its ``verify``
+rounds floats to 6 decimal places (``0.1234567`` = ``0.1234568``) and equates ``(2,3)`` with
+``2, 3``, and its ``parse`` reads the longest answer-like prefix (``72(0`` is 72), which the
+reward-hacking search (``tests/test_reward_hacking.py``) turned into false positives.
 
 Time bound (step 2): it runs in a persistent **worker process** (started lazily, a pool of
 ``DLLM_TRL_MATH_WORKERS`` processes, default ``min(2, cpu_count)``). Inside the worker a
@@ -26,7 +29,7 @@ skipped (string comparison only) with a one-time warning.
 No parse is done with ``eval``: sympy's ``parse_expr`` is never applied to model output here.
 
 Missing backends are not silent: importing this module warns (``RuntimeWarning``) when
-``math_verify`` or ``latex2sympy2_extended`` are not installed, and the first heavy comparison
+``latex2sympy2_extended`` is not installed, and the first heavy comparison
 warns and logs an error when the worker reports that a backend is unusable (e.g. the antlr
 runtime version does not match).
 """
@@ -65,16 +68,15 @@ __all__ = [
 
 DEFAULT_TIMEOUT = 5.0
 _GRACE = 1.0  # extra seconds the caller waits beyond the worker's own soft timeout
-_STARTUP_TIMEOUT = 180.0  # importing sympy + math_verify on a loaded machine
+_STARTUP_TIMEOUT = 180.0  # importing sympy + the LaTeX parser on a loaded machine
 
-for _mod in ("math_verify", "latex2sympy2_extended"):
-    if importlib.util.find_spec(_mod) is None:  # pragma: no cover - environment dependent
-        warnings.warn(
-            f"dllm_trl.rewards.math: '{_mod}' is not installed; the math reward will fall back to "
-            "weaker comparisons (string / remaining backend). Install math-verify>=0.8.",
-            RuntimeWarning,
-            stacklevel=2,
-        )
+if importlib.util.find_spec("latex2sympy2_extended") is None:  # pragma: no cover - environment dependent
+    warnings.warn(
+        "dllm_trl.rewards.math: 'latex2sympy2_extended' is not installed; the math reward compares "
+        "normalised strings only. Install math-verify>=0.8 (it brings latex2sympy2_extended[antlr]).",
+        RuntimeWarning,
+        stacklevel=2,
+    )
 
 
 # =============================================================================== extraction
@@ -318,6 +320,8 @@ def _normalize(s: Any) -> str:
     m = _LEADING_VAR_RE.match(s)
     if m is not None and "=" not in m.group("rest"):
         s = m.group("rest")
+    # "\log_2 8": a one-character subscript stays one once the spaces are gone
+    s = re.sub(r"_(\w)\s+(?=\w)", r"_{\1}", s)
     # 1,000,000 -> 1000000 (whole answer only, and only without spaces: "2, 300" is a list)
     if _THOUSANDS_RE.fullmatch(s.strip()):
         s = s.replace(",", "")
@@ -474,12 +478,6 @@ class _Worker:
 
 
 def _check_backends(info: dict) -> None:
-    if not info.get("math_verify"):
-        _warn_once(
-            "mv",
-            "dllm_trl math reward: math_verify is unavailable in the worker "
-            f"({'; '.join(info.get('errors', []))}); it is only a fallback parser, comparisons continue.",
-        )
     if not info.get("sympy_parser"):
         _warn_once(
             "sympy",
@@ -554,7 +552,7 @@ def _heavy_inline(pred: str, gold: str, timeout: float) -> bool:
         return False
     from . import _math_worker
 
-    _check_backends(_math_worker._backends()[2])
+    _check_backends(_math_worker._backends()[1])
     return _math_worker.heavy_equal(pred, gold, timeout)[0]
 
 
