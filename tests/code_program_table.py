@@ -2,7 +2,9 @@
 passes every test, so each must score 1.0) and hostile or wrong ones (each must score 0.0, its true
 value). Shared by ``tests/test_rewards_code.py`` and ``benchmarks/reward_tables.py``.
 
-Rows are ``(name, program, tests)``; ``tests`` is a list of MBPP-style assert statements."""
+Rows are ``(name, program, tests)``; ``tests`` is a list of MBPP-style assert statements.
+``LIMITATIONS`` rows add the score the sandbox gives where plain CPython would pass (documented in
+``docs/rewards.md``)."""
 
 LEGIT = [
     ("plain_function", "def add(a, b):\n    return a + b", ["assert add(1, 2) == 3", "assert add('a', 'b') == 'ab'"]),
@@ -185,4 +187,18 @@ HOSTILE = [
     ("wrong_answer", "def f(x):\n    return x + x", ["assert f(3) == 9", "assert f(4) == 16"]),
     ("syntax_error", "def f(x) return x * x", ["assert f(2) == 4"]),
     ("hardcodes_one_test_of_two", "def f(x):\n    return 4", ["assert f(2) == 4 and f(3) == 9"]),
+]
+
+LIMITATIONS = [
+    ("custom_eq_fresh_instance", "class P:\n    def __init__(self, x):\n        self.x = x\n    def __eq__(self, o):\n        return self.x == o.x\ndef make(x):\n    return P(x)",
+     ["assert make(1) == P(1)"], 0.0),
+    ("operator_on_object", "class V:\n    def __init__(self, x):\n        self.x = x\n    def __add__(self, o):\n        return V(self.x + o.x)\ndef make(x):\n    return V(x)",
+     ["assert (make(1) + make(2)).x == 3"], 0.0),
+    ("truth_of_object", "class Node:\n    pass\ndef make():\n    return Node()", ["assert make()"], 0.0),
+    ("namedtuple_subclass_method", "from collections import namedtuple\nclass P(namedtuple('P', 'x y')):\n    def norm1(self):\n        return abs(self.x) + abs(self.y)\ndef make():\n    return P(3, -4)",
+     ["assert make().norm1() == 7", "assert make() == (3, -4)"], 0.5),
+    ("test_built_object_passed_in", "def area(r):\n    return r.w * r.h",
+     ["class R:\n    def __init__(self, w, h):\n        self.w, self.h = w, h\nassert area(R(2, 3)) == 6"], 0.0),
+    ("threads", "import threading\ndef run():\n    out = []\n    t = threading.Thread(target=lambda: out.append(1))\n    t.start()\n    t.join()\n    return out",
+     ["assert run() == [1]"], 0.0),
 ]

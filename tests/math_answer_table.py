@@ -343,6 +343,12 @@ MATH_TABLE = [
     (r"{5}", "5", T, "delimiters"),
     ("12.", "12", T, "delimiters"),
     (r"\(\sqrt{2}\)", r"\sqrt2", T, "delimiters"),
+    # --- documented limitations (docs/rewards.md): what the rules do, though a grader might not ------------
+    (r"12\text{ m}", r"12\text{ cm}", T, "limitation-units"),
+    ("ab", "ba", F, "limitation-words"),
+    ("X+1", "x+1", T, "limitation-case"),
+    (r"\frac{x^2-1}{x-1}", "x+1", T, "limitation-simplify"),
+    (r"2\text{ and }3", "(2,3)", F, "limitation-and"),
     # --- never equal: empty, prose, hedges, malformed ----------------------------------------------------------------------
     ("", "5", F, "empty"),
     (r"\text{the answer is 5}", "5", F, "text"),

@@ -13,7 +13,7 @@ from dllm_trl.rewards import code_reward, extract_python_block
 from dllm_trl.rewards._sandbox_codec import CodecError, decode_value, encode_value
 from dllm_trl.rewards.code import SandboxConfig, make_code_reward, run_code_tests, sandbox_capabilities
 
-from .code_program_table import HOSTILE, LEGIT
+from .code_program_table import HOSTILE, LEGIT, LIMITATIONS
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -150,6 +150,13 @@ def test_hostile_programs_score_zero():
     wrong = {name: r for (name, _, _), r in zip(HOSTILE, rewards) if r != 0.0}
     assert not wrong, wrong
     assert time.monotonic() - t0 < 60  # every stall was cut at its own test's budget
+
+
+def test_documented_limitations_hold():
+    """What the sandbox does where plain CPython would pass (docs/rewards.md lists each)."""
+    rewards = code_reward([block(p) for _, p, _, _ in LIMITATIONS], tests=[t for _, _, t, _ in LIMITATIONS],
+                          sandbox_config=FAST)
+    assert {name: r for (name, _, _, _), r in zip(LIMITATIONS, rewards)} == {name: v for name, _, _, v in LIMITATIONS}
 
 
 def test_judge_stall_fails_only_its_own_test():

@@ -1,31 +1,44 @@
 r"""Code reward: the last ```` ```python ```` block of a completion, run against unit tests in an
-isolated process; reward = passed / total.
+isolated process; reward = passed / total. What is supported and what is not: ``docs/rewards.md``.
 
 Architecture (three processes per completion)
 ----------------------------------------------
 * **caller** (the trainer): builds a job, starts a *judge* (``python -I -S``, empty environment,
-  own session) and waits at most ``total_timeout + 2 * boot_timeout + 5`` seconds, then SIGKILLs the judge's
-  process group and every process still owned by the completion's sandbox uid, and removes the
-  scratch folder.
+  own session) and reads its report line by line. Before each test the judge says until when the
+  test may run; a judge still on that test a second past it (stuck in C code on a value the
+  candidate returned, e.g. ``sum(range(10**18))``, which no alarm can interrupt) is SIGKILLed with
+  its process group and every process of the completion's sandbox uid, the test fails, and a
+  fresh judge runs the remaining tests. An overall hard limit (``total_timeout + 2 *
+  boot_timeout + 5`` s) bounds everything else. The scratch folder is removed afterwards. All
+  completions of a batch are evaluated at once (:attr:`SandboxConfig.workers`), so a hostile one
+  costs its own budget, never a slot its neighbours wait for.
 * **judge** (trusted, stdlib only, ``_sandbox_judge.py``): runs the *tests* and decides pass/fail.
 * **executor** (untrusted, ``_sandbox_executor.py``): runs the *candidate program*, in the sandbox.
-  The tests call the candidate's functions through proxies; arguments and results cross the process
-  boundary as plain data (tagged JSON of builtin types, ``_sandbox_codec.py``), and every
-  assertion / comparison is evaluated in the judge on plain builtin values.
+  The tests see the candidate's objects as proxies: arguments and results cross the process
+  boundary as data (tagged JSON, ``_sandbox_codec.py``: builtin values, ``Fraction``, ``Decimal``,
+  dates, namedtuples, dataclass records, exhausted iterators); other objects (instances, classes,
+  closures) stay in the executor and are used through handles (calls, attributes, ``len``,
+  iteration, indexing, ``in``, ``str``); callables the tests pass in are called back in the
+  judge; in-place changes to list / dict / set / bytearray arguments are written back. Every
+  assertion / comparison is evaluated in the judge on values of trusted types.
 
 Guarantees when the trainer runs as **root** on Linux with namespaces available (checked by
 ``tests/test_rewards_code.py``; :func:`sandbox_capabilities` reports what holds at run time):
 
 * the pass count cannot be forged: it is computed by the judge, which the executor cannot write to
   (it never inherits the judge's output pipe), signal, ptrace or read (other uid, non-dumpable, no
-  /proc); replies are only accepted as data, so exiting (``sys.exit``/``os._exit``/``SystemExit``),
-  printing fake markers, writing forged protocol messages, patching builtins or the harness inside
-  the executor, or returning an object whose ``__eq__`` is always True cannot make a test pass;
-  expected values and test code never enter the executor (it only sees the arguments of the calls
-  made to it); names the candidate defines never shadow builtins or trusted test-setup names;
+  /proc); replies are only accepted as data answering a request whose id is random, so exiting
+  (``sys.exit``/``os._exit``/``SystemExit``), printing fake markers, writing forged protocol
+  messages, patching builtins or the harness inside the executor, or returning an object whose
+  ``__eq__`` / ``__bool__`` is always True cannot make a test pass; expected values and test code
+  never enter the executor (it only sees the arguments of the calls made to it); the candidate's
+  names never replace trusted test-setup names, and a builtin-named definition is used only as the
+  function under test (``assert pow(2, 3) == 8`` calls the candidate's ``pow``; in ``assert
+  len(f(1)) == 3`` the builtin ``len`` stays);
 * time: per-test wall-clock budget (``timeout``, module loading is charged to the first test),
-  per-completion budget, ``RLIMIT_CPU``; writes to a candidate that stopped reading are bounded
-  too; the caller's own hard limit kills the judge's process group and all sandbox-uid processes;
+  also for the judge's own work on candidate values (see *caller*), per-completion budget,
+  ``RLIMIT_CPU``; writes to a candidate that stopped reading are bounded too; the caller's own
+  hard limit kills the judge's process group and all sandbox-uid processes;
 * memory ``RLIMIT_AS`` (default 1 GiB); ``RLIMIT_FSIZE`` (16 MiB); scratch tmpfs capped (64 MiB);
   ``RLIMIT_NOFILE``; no core dumps; replies larger than 16 MiB are rejected;
 * processes: the executor runs as a fresh, unused uid/gid (random in [2^30, 2^31), or in the
@@ -35,7 +48,8 @@ Guarantees when the trainer runs as **root** on Linux with namespaces available 
   process (different uid, and seccomp blocks ``kill``/``tgkill``/``ptrace``/...);
   ``PR_SET_NO_NEW_PRIVS`` blocks set-uid binaries; regaining root is impossible;
 * filesystem: private mount namespace; the executor is chroot()ed into a tmpfs mounted on the
-  scratch folder, containing only read-only bind mounts of the Python stdlib,
+  scratch folder, containing only read-only bind mounts of the Python stdlib (its
+  ``site-packages`` covered by an empty read-only tmpfs: only the standard library is importable),
   /dev/{null,zero,random,urandom} and its private ``/tmp`` (working directory, shared by the tests
   of one completion); nothing else is visible, so nothing outside can be read, written or deleted;
   the scratch folder is removed afterwards;
@@ -44,24 +58,28 @@ Guarantees when the trainer runs as **root** on Linux with namespaces available 
 * network: private (empty) network namespace, and seccomp rejects ``socket()`` of every family.
 
 Not guaranteed: protection against kernel exploits (the sandbox shares the host kernel; seccomp is
-a deny-list, not an allow-list); CPU/cache contention between concurrent sandboxes; semantic reward
-hacking such as hard-coding the outputs for tests shown in the prompt. The judge itself runs the
-dataset's test code as the caller's user (root here), inside its own mount/network namespace.
+a deny-list, not an allow-list); CPU/cache contention between concurrent sandboxes (budgets are
+wall-clock); semantic reward hacking such as hard-coding the outputs for tests shown in the
+prompt. The judge itself runs the dataset's test code as the caller's user (root here), inside its
+own mount/network namespace.
 
 Degraded modes (reported by :func:`sandbox_capabilities`): root without CAP_SYS_ADMIN (e.g.
 Docker's default) → no mount/network namespace, no chroot: the executor runs in a 0700 scratch
-folder as the sandbox uid, so it can read world-readable files and write to world-writable places
-(/tmp, /dev/shm); ``socket()`` stays blocked by seccomp (no network, no unix-socket connections);
-only the stdlib modules pre-imported before the privilege drop are importable when the interpreter
-lives in an unreadable directory (as under /root here). Not root → no uid change: RLIMIT_NPROC still
-blocks fork (the user already owns processes), seccomp still blocks kill/ptrace/sockets, but every
-file writable by the user is writable by the candidate (this mode is not exercised by the tests).
+folder as the sandbox uid, so it can read world-readable files (third-party packages included)
+and write to world-writable places (/tmp, /dev/shm); ``socket()`` stays blocked by seccomp (no
+network, no unix-socket connections); only the stdlib modules pre-imported before the privilege
+drop are importable when the interpreter lives in an unreadable directory (as under /root here).
+Not root → no uid change: RLIMIT_NPROC still blocks fork (the user already owns processes),
+seccomp still blocks kill/ptrace/sockets, but every file writable by the user is writable by the
+candidate (this mode is not exercised by the tests).
 
-Semantics and limitations: the tested functions must take and return builtin values (numbers,
-strings, bytes, lists, tuples, sets, dicts, ranges, deques; iterators/generators are exhausted
-and arrive as ``list_iterator``); objects of user-defined classes cannot be returned (those tests
-fail); in-place mutation of arguments is not visible to the tests; the candidate cannot use
-threads or subprocesses; only the standard library is importable; stdout/stdin are /dev/null.
+Semantics and limitations (each tested in ``tests/code_program_table.py``, listed in
+``docs/rewards.md``): equality of a candidate object that is not data is identity (a class with its
+own ``__eq__`` compared with a fresh instance fails; dataclasses compare by their fields),
+truth-testing such an object raises, operators (``+``, ``<``) on it are not forwarded; methods of
+namedtuple subclasses are lost; objects the *tests* build from their own classes cannot be passed
+in; the candidate cannot use threads or subprocesses; stdout/stdin are /dev/null; the candidate
+module runs as ``__candidate__`` (its ``if __name__ == "__main__":`` block does not run).
 """
 
 from __future__ import annotations
@@ -719,7 +737,10 @@ def code_reward(completions: Sequence[Any], tests: Any = None, **kwargs: Any) ->
 
     * ``tests`` (or MBPP's ``test_list``): a list of assert statements per row, e.g.
       ``["assert add(1, 2) == 3", ...]`` — each statement is one test; or a string of test code
-      whose top-level ``assert`` statements are the tests;
+      whose top-level ``assert`` statements are the tests. For direct calls, one test list shared
+      by ``n`` completions is written ``tests=[asserts] * n``; a flat list of assert strings is
+      refused with a ``ValueError`` (shared list or one test per completion? the answer would
+      depend on the batch size); one string of test code is shared by every completion;
     * ``test`` + ``entry_point`` (HumanEval): ``test`` defines ``check(candidate)``; one test;
     * optional ``test_setup_code`` (str) / ``test_imports`` (list[str]): trusted code run before
       the tests, in the judge (never in the sandbox);
