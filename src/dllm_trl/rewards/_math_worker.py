@@ -17,8 +17,9 @@ then applies the rules documented in ``docs/rewards.md``:
 * a lone decimal literal written with at least ``APPROX_MIN_DIGITS`` significant digits also
   matches a value that no finite decimal can write (``1/3``, ``\sqrt2``, ``\pi``) when it is that
   value rounded or truncated to the digits written;
-* other exact values are equal when sympy proves ``a - b == 0``, or (closed forms sympy cannot
-  simplify, e.g. nested radicals) when they agree to ``EXACT_DIGITS`` significant digits.
+* other exact values are equal when sympy proves ``a - b == 0`` (and different when it proves
+  ``a - b != 0``); when it can do neither, when its adaptive evaluation of ``a - b`` to
+  ``EVAL_DIGITS`` digits finds no non-zero digit.
 
 Protocol (one JSON object per line):
   parent -> worker (stdin):   {"id": int, "pred": str, "gold": str, "timeout": float}
@@ -45,7 +46,7 @@ import threading
 import warnings
 
 APPROX_MIN_DIGITS = 6  # significant digits a decimal needs to stand for a non-terminating value
-EXACT_DIGITS = 50  # agreement that counts as equality for closed forms sympy cannot simplify
+EVAL_DIGITS = 60  # digits asked of sympy's evaluation of a difference it cannot simplify
 MAX_ITEMS = 64  # larger lists / sets / matrices are not compared (never equal)
 
 
@@ -437,11 +438,12 @@ def scalars_equal(a, b):
     try:
         if x.is_infinite or y.is_infinite or x.has(sympy.zoo, sympy.nan) or y.has(sympy.zoo, sympy.nan):
             return False
-        if sympy.simplify(x - y) == 0:
-            return True
-        diff = sympy.N(x - y, EXACT_DIGITS + 10)
-        scale = max(abs(sympy.N(x, 20)), abs(sympy.N(y, 20)), 1)
-        return bool(abs(diff) < scale * sympy.Rational(1, 10**EXACT_DIGITS))
+        diff = sympy.simplify(x - y)
+        if diff.is_zero is not None:
+            return bool(diff.is_zero)
+        # sympy can neither simplify the difference to 0 nor prove it non-zero (nested radicals):
+        # its adaptive evaluation, asked for EVAL_DIGITS correct digits, finds none that is non-zero
+        return bool(sympy.N(x - y, EVAL_DIGITS) == 0)
     except _SoftTimeout:
         raise
     except Exception:
