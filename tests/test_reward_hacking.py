@@ -222,7 +222,7 @@ def test_math_random_search_finds_no_false_positive(gold, gold_value, start):
             if m not in seen:
                 seen.add(m)
                 batch.append(m)
-        rewards = math_reward([f"so $\\boxed{{{m}}}$" for m in batch], [gold] * len(batch))
+        rewards = math_reward([f"so $\\boxed{{{m}}}$" for m in batch], [gold] * len(batch), math_timeout=2.0)
         for m, r in zip(batch, rewards):
             try:
                 right = _truly_equal(m, truth)

@@ -167,11 +167,10 @@ def setup_fs(job):
 
 # ----------------------------------------------------------------------------- executor handle
 class Executor:
-    def __init__(self, job, chroot, workdir, generation):
+    def __init__(self, job, chroot, workdir):
         self.job = job
         self.chroot = chroot
         self.workdir = workdir
-        self.generation = generation
         self.proc = None
         self.iso = None
         self.load_error = None
@@ -452,19 +451,12 @@ class Judge:
     def __init__(self, job):
         self.job = job
         self.executor = None
-        self.generation = 0
         self.deadline = None
         self.load_failed = None
         self.iso = None
         self.current = None
 
     # calls from the tests ----------------------------------------------------------------------
-    def resolve(self, tag, v):
-        ex = self.executor
-        if tag == "h" and ex is not None and isinstance(v, list) and len(v) == 2 and type(v[0]) is int:
-            return RemoteObject(ex, v[0], str(v[1])[:100])
-        raise CodecError("unknown reference")  # noqa: F821
-
     def remote(self, obj, kind, fields):
         ex = obj._executor
         if ex is not self.executor or not ex.alive():
@@ -479,13 +471,14 @@ class Judge:
             msg["op"] = fields["op"]
             if "arg" in fields:
                 msg["arg"] = ex.encode(fields["arg"], callbacks)
-        reply = ex.request(msg, self.deadline, callbacks, self._resolve_from(ex, callbacks))
+        resolve = self._resolve_from(ex, callbacks)
+        reply = ex.request(msg, self.deadline, callbacks, resolve)
         if reply["k"] == "exc":
             raise _candidate_exception(reply)
         try:
-            value = decode_value(reply.get("v"), self._resolve_from(ex, callbacks))  # noqa: F821
+            value = decode_value(reply.get("v"), resolve)  # noqa: F821
             if kind == "call":
-                _write_back(fields["args"], fields["kwargs"], reply.get("mut"), self._resolve_from(ex, callbacks))
+                _write_back(fields["args"], fields["kwargs"], reply.get("mut"), resolve)
         except CodecError as exc:  # noqa: F821
             ex.kill()
             raise CandidateCrashed("bad reply: %s" % exc)
@@ -509,8 +502,7 @@ class Judge:
             return self.executor
         if self.executor is not None:
             self.executor.kill()
-        self.generation += 1
-        ex = Executor(self.job, self.chroot, self.workdir, self.generation)
+        ex = Executor(self.job, self.chroot, self.workdir)
         t0 = time.monotonic()
         watch(self.current, t0 + self.job["boot_timeout"] + (self.deadline - t0))
 
