@@ -20,7 +20,12 @@ and before any candidate code runs it:
    umount, pivot_root, chroot, unshare, setns, bpf, perf_event_open, keyctl, userfaultfd and
    io_uring fail with EPERM;
 8. clears the environment; reports what was enforced ("boot" message, sent before any candidate
-   code runs, hence authentic), then executes the candidate program and serves call requests.
+   code runs, hence authentic), then executes the candidate program, reports its globals
+   ("loaded": callables and other objects as handle numbers, data as values) and serves requests:
+   calls and operations (attribute, ``len``, iteration, indexing, ``in``, ``str``) on handles,
+   answering each with data, new handles, and the new state of mutated arguments; a callable the
+   judge passed becomes a stub that asks the judge to run it (nested requests are served
+   meanwhile).
 
 After step 8 nothing this process sends is trusted: the judge treats every reply as data.
 """

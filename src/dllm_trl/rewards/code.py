@@ -115,7 +115,7 @@ __all__ = [
     "sandbox_capabilities",
 ]
 
-MAX_CONCURRENT = 64  # default number of completions evaluated at once
+MAX_CONCURRENT = 64  # most completions evaluated at once by default
 
 PRELOAD_MODULES = [
     "math", "cmath", "re", "string", "collections", "itertools", "functools", "heapq", "bisect",
@@ -191,7 +191,9 @@ class SandboxConfig:
     ``max_total_timeout``); memory_mb: RLIMIT_AS of the executor; file_size_mb: RLIMIT_FSIZE;
     scratch_mb: size of the scratch tmpfs; nofile: RLIMIT_NOFILE; max_procs: RLIMIT_NPROC (1 = no
     fork, no threads); namespaces / seccomp: ``"auto"`` (use when available), ``"require"``
-    (infrastructure error when unavailable) or ``"off"``; workers: completions evaluated at once (default: the whole batch, up to ``MAX_CONCURRENT``, or ``DLLM_TRL_CODE_WORKERS``);
+    (infrastructure error when unavailable) or ``"off"``; workers: completions evaluated at once
+    (default ``DLLM_TRL_CODE_WORKERS``, else as many as fit in 3/4 of the RAM at ``memory_mb``
+    each, at most ``MAX_CONCURRENT``);
     boot_timeout: allowance for interpreter start-up (not charged to the candidate).
     """
 
@@ -220,7 +222,12 @@ class SandboxConfig:
                 return max(1, int(env))
             except ValueError:
                 pass
-        return MAX_CONCURRENT
+        # as many sandboxes as fit in 3/4 of the RAM if each used its whole memory_mb, at most 64
+        try:
+            ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            ram = 8 << 30
+        return max(1, min(MAX_CONCURRENT, int(0.75 * ram) // (max(1, self.memory_mb) << 20)))
 
 
 @dataclass
