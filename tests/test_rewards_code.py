@@ -167,6 +167,10 @@ def test_judge_stall_fails_only_its_own_test():
                          config=SandboxConfig(timeout=1.0))
     assert [t["passed"] for t in res.tests] == [True, False, True], res.tests
     assert res.error is None and "timeout" in res.tests[1]["err"]
+    # set(...) of it: the late alarm must not escape as a judge error
+    res = run_code_tests(prog, ["assert set(evens(10)) == {0, 2, 4, 6, 8}", "assert ok() == 1", "assert ok() == 1"],
+                         config=SandboxConfig(timeout=1.0))
+    assert [t["passed"] for t in res.tests] == [False, True, True] and res.error is None, (res.tests, res.error)
 
 
 def test_forged_replies_written_ahead_do_not_count():

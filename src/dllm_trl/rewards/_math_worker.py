@@ -208,22 +208,12 @@ def _parse_scalar(text):
 
 
 def parse_answer(s):
-    """Normalised answer string → comparable structure (nested tuples), or ``None``."""
-    items = _split_top(s, {","})
-    if len(items) > MAX_ITEMS:
+    """Normalised answer string → comparable structure (nested tuples), or ``None``. A top-level
+    comma list (or a ``\\pm``) is a ``("list", items)``."""
+    items = _parse_items(s)
+    if not items:
         return None
-    if len(items) > 1:
-        out = []
-        for it in items:
-            node = _parse_item(it)
-            if node is None:
-                return None
-            out.extend(node[1] if node[0] == "pm" else [node])
-        return ("list", out)
-    node = _parse_item(s)
-    if node is not None and node[0] == "pm":
-        return ("list", node[1])
-    return node
+    return ("list", items) if len(items) > 1 else items[0]
 
 
 def _parse_items(inner):
