@@ -99,8 +99,9 @@ def trainer(request):
     return request.getfixturevalue(f"{request.param}_trainer")
 
 
-def _configure(trainer, *, norm="token", c=0.2, beta=0.0, backward_mode="per_step"):
+def _configure(trainer, *, norm="token", c=0.2, beta=0.0, backward_mode="per_step", targets_from_loss=True):
     trainer.args.backward_mode = backward_mode
+    trainer.defer_clean_targets = targets_from_loss
     trainer.args.loss_normalization = norm
     trainer.args.clean_target_threshold = c
     trainer.beta = beta
@@ -136,6 +137,8 @@ def _backward(trainer, inputs):
     loss = trainer._compute_loss(trainer.model, inputs)
     if torch.is_grad_enabled():
         trainer.accelerator.backward(loss)
+        if trainer._pending_token_norm:  # what training_step does after the last micro-batch's backward
+            loss = trainer._finish_pending_normalization(trainer.model, loss.detach())
     grads = [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in params]
     for p in params:
         p.grad = None
@@ -354,12 +357,14 @@ def _assert_target_mask(inputs, targets):
 # --------------------------------------------------------------------------------------------------
 # 1. loss and gradients against the brute-force reference
 # --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("targets_from_loss", [True, False])
 @pytest.mark.parametrize("backward_mode", ["per_step", "per_micro_batch"])
 @pytest.mark.parametrize("beta", [0.0, 0.05])
 @pytest.mark.parametrize("norm", ["token", "sample"])
 @pytest.mark.parametrize("objective", ["reinforce", "ppo"])
-def test_loss_and_grads_match_bruteforce(trainer, tokenizer, objective, norm, beta, backward_mode):
-    """Loss and gradients equal the brute-force reference, with one backward per sampled step or one in all."""
+def test_loss_and_grads_match_bruteforce(trainer, tokenizer, objective, norm, beta, backward_mode, targets_from_loss):
+    """Loss and gradients equal the brute-force reference, with one backward per sampled step or one in all, and
+    (REINFORCE) with the clean targets read from the loss forward itself or from a separate π_old pass."""
     ppo = objective == "ppo"
     model = trainer.model
     batch = random_batch(tokenizer, seed=11)
@@ -376,10 +381,13 @@ def test_loss_and_grads_match_bruteforce(trainer, tokenizer, objective, norm, be
     expected = reference_loss(batch, current, targets, ppo=ppo, beta=beta, norm=norm)
     expected_grads = _grads(expected, trainable_params(model))
 
-    _configure(trainer, norm=norm, c=c, beta=beta, backward_mode=backward_mode)
+    _configure(trainer, norm=norm, c=c, beta=beta, backward_mode=backward_mode, targets_from_loss=targets_from_loss)
     inputs = prepare_batch(trainer, batch)
-    _assert_target_mask(inputs, targets)
+    assert ("targets_pending" in inputs) == (targets_from_loss and not ppo)
+    if "targets_pending" not in inputs:
+        _assert_target_mask(inputs, targets)
     loss, grads = _backward(trainer, inputs)
+    _assert_target_mask(inputs, targets)  # pending targets are written back by the loss forward
     assert torch.isfinite(loss)
     torch.testing.assert_close(loss, expected.detach(), atol=1e-6, rtol=1e-5)
     _assert_grads_close(grads, expected_grads)
@@ -405,8 +413,8 @@ def test_clean_target_threshold_extremes(trainer, tokenizer, c, objective):
 
     _configure(trainer, norm="sample", c=c, beta=0.05)
     inputs = prepare_batch(trainer, batch)
-    _assert_target_mask(inputs, targets)
     loss, grads = _backward(trainer, inputs)
+    _assert_target_mask(inputs, targets)  # on-policy targets are fixed by the loss forward itself
     torch.testing.assert_close(loss, expected.detach(), atol=1e-6, rtol=1e-5)
     _assert_grads_close(grads, expected_grads)
     logged = trainer._metrics["train"]["rldf/target_tokens_per_step"][-1]

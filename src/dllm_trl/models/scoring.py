@@ -15,7 +15,8 @@ def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Te
     return picked - torch.logsumexp(logits, dim=-1)
 
 
-def _canvas(prompt_ids, prompt_mask, state_ids, shift):
+def state_canvas(prompt_ids, prompt_mask, state_ids, shift):
+    """``(input_ids, attention_mask)`` of ``q ⊕ state`` (every state position is a real key)."""
     if prompt_ids.shape[1] < shift:
         raise ValueError("A model with a logit shift needs a prompt of at least one token.")
     input_ids = torch.cat([prompt_ids, state_ids], dim=1)
@@ -31,7 +32,7 @@ def completion_logits(
     The LM head runs only on the positions that predict the completion (one earlier for shifted models).
     """
     shift = 1 if getattr(diffusion_config(model), "diffusion_logit_shift", False) else 0
-    input_ids, attention_mask = _canvas(prompt_ids, prompt_mask, state_ids, shift)
+    input_ids, attention_mask = state_canvas(prompt_ids, prompt_mask, state_ids, shift)
     prompt_len, gen = prompt_ids.shape[1], state_ids.shape[1]
     positions = torch.arange(prompt_len - shift, prompt_len + gen - shift, device=input_ids.device)
     return model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=positions, use_cache=False).logits
@@ -53,7 +54,7 @@ def completion_token_logps(
     if read_mask is None:
         return selective_log_softmax(completion_logits(model, prompt_ids, prompt_mask, state_ids), target_ids)
     shift = 1 if getattr(diffusion_config(model), "diffusion_logit_shift", False) else 0
-    input_ids, attention_mask = _canvas(prompt_ids, prompt_mask, state_ids, shift)
+    input_ids, attention_mask = state_canvas(prompt_ids, prompt_mask, state_ids, shift)
     rows, columns = read_mask.nonzero(as_tuple=True)
     logits, _ = logits_at(
         model, rows, columns + (prompt_ids.shape[1] - shift),

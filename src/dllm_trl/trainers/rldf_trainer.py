@@ -37,7 +37,14 @@ from ..losses.estimators import (
     estimator_steps,
     estimator_targets,
 )
-from ..losses.rldf import INVALID_STEP, k3_kl, policy_token_terms, sample_timesteps, step_uncertainty
+from ..losses.rldf import (
+    INVALID_STEP,
+    clean_target_mask,
+    k3_kl,
+    policy_token_terms,
+    sample_timesteps,
+    step_uncertainty,
+)
 from ..models.bidirectional import diffusion_config, make_bidirectional
 from ..models.engines import (
     backward_syncs_every_call,
@@ -45,6 +52,7 @@ from ..models.engines import (
     broadcast_from_main,
     check_launch,
     check_weights_pass_gradients,
+    gradients_accessible,
     is_partitioned,
     paused_gradient_sync,
     unwrap_model,
@@ -177,6 +185,8 @@ class RLDFTrainer(GRPOTrainer):
         self._mask_seed_generator = torch.Generator()
         self._mask_seed_generator.manual_seed(args.seed + MASK_SEED_OFFSET + 1000003 * self.accelerator.process_index)
         self._rollout = None
+        # Targets fixed by the loss forward, awaiting their batch normaliser (see _finish_pending_normalization).
+        self._pending_loss = self._pending_target_count = torch.zeros((), device=device)
 
     def _prepare_reference(self, reference: PreTrainedModel) -> PreTrainedModel:
         reference.requires_grad_(False)
@@ -306,18 +316,55 @@ class RLDFTrainer(GRPOTrainer):
             drop = local[start : start + output["advantages"].shape[0]]
             output["sampled_steps"] = output["sampled_steps"].masked_fill(drop.unsqueeze(1), INVALID_STEP)
 
-        # Clean targets (Alg. 3) read π_old, the policy that produced the batch; fixing them now makes the
-        # batch's target count known before the loss, so each sampled step can be backpropagated on its own.
+        # Clean targets (Alg. 3) read π_old, the policy that produced the batch. On-policy, π_old is the policy of
+        # the loss forward itself, so that forward fixes them (k forwards per micro-batch); otherwise (or when the
+        # batch normaliser must be known before any backward) a no-grad pass over the sampled states fixes them now.
         old_logps = output.get("old_per_token_logps")
         if old_logps is None and self.args.policy_estimator == "rldf":  # the other estimators' targets ignore π_old
+            if self._clean_targets_from_loss():
+                output["target_mask"] = self._candidate_mask(output)
+                output["targets_pending"] = torch.ones(output["sampled_steps"].shape[0], dtype=torch.bool,
+                                                       device=output["sampled_steps"].device)
+                return output
             with torch.no_grad():
-                old_logps = self._logps_at_sampled_states(self.model, output, batch_size=self.args.per_device_train_batch_size)
+                old_logps = self._logps_at_sampled_states(
+                    self.model, output, batch_size=self.args.per_device_train_batch_size
+                )
         output["target_mask"] = self._target_mask(output, old_logps)
         if "target_weight" in output:  # per-token weights (random masking): counts are weighted counts
             output["num_target_tokens"] = self.accelerator.gather(output["target_weight"].sum()).sum()
         else:
             output["num_target_tokens"] = self.accelerator.gather(output["target_mask"].sum()).sum()
         return output
+
+    _pending_token_norm = False
+    """Whether the micro-batch just computed awaits its batch normaliser (see :meth:`_finish_pending_normalization`)."""
+
+    defer_clean_targets = True
+    """On-policy batches fix their clean targets in the loss forward (see :meth:`_clean_targets_from_loss`); set it
+    to ``False`` on an instance to run the separate no-grad π_old pass instead (the same targets and gradients)."""
+
+    def _clean_targets_from_loss(self) -> bool:
+        """Whether this on-policy batch's clean targets can come from the loss forward itself.
+
+        ``sample`` normalisation needs only each state's own target count. ``token`` normalisation needs the target
+        count of the whole generation batch: the steps are backpropagated unnormalised and the gradients divided by
+        that count after the last micro-batch, before clipping (:meth:`training_step`) — which needs the generation
+        batch to be exactly one optimizer step and the gradients at hand (DeepSpeed keeps them in its own buffers).
+        """
+        if not (self.defer_clean_targets and self.model.training) or type(self)._step_loss is not RLDFTrainer._step_loss:
+            return False
+        if self.args.loss_normalization == "sample":
+            return True
+        return self.args.steps_per_generation == self.args.gradient_accumulation_steps and gradients_accessible(
+            self.accelerator
+        )
+
+    def _candidate_mask(self, batch):
+        """(B, k, G): every position that can be a target of each sampled state (:func:`estimator_candidates`)."""
+        rows = torch.arange(batch["sampled_steps"].shape[0], device=batch["sampled_steps"].device)
+        return torch.stack([_state_candidates(batch, rows, j, self.args)
+                            for j in range(batch["sampled_steps"].shape[1])], dim=1)
 
     def _target_mask(self, batch, old_logps):
         """Ô_t (B, k, G) for every sampled step (the estimator's targets of every state); empty for padding steps.
@@ -359,6 +406,10 @@ class RLDFTrainer(GRPOTrainer):
         step_valid = sampled != INVALID_STEP
         active_steps = step_valid.any(0).nonzero().squeeze(1).tolist()
         training = mode == "train" and torch.is_grad_enabled()
+        # Targets from this forward under "token" normalisation: the batch's count is applied to the gradients after
+        # the last micro-batch (training_step), or, without a backward, to the value below.
+        pending_count = "targets_pending" in inputs and self.args.loss_normalization == "token"
+        self._pending_token_norm = pending_count and training
         if training:
             check_weights_pass_gradients(model)
         backward_each_step = training and len(active_steps) > 1 and self._per_step_backward
@@ -376,6 +427,9 @@ class RLDFTrainer(GRPOTrainer):
                 graph = step_loss if graph is None else graph + step_loss
         if graph is None:  # nothing to learn from: a zero that still flows through the model (DDP needs a graph)
             graph = self._zero_loss(model, inputs)
+        if pending_count and not training:
+            count = self.accelerator.reduce(targets.sum().float().reshape(1), reduction="sum").clamp(min=1.0).squeeze()
+            total, graph = total / count, graph / count
         loss = graph + (total - graph.detach())
         self._log_rldf_metrics(mode, targets, step_valid, inputs["valid_mask"].bool(), kl, ratio_all,
                                inputs["advantages"], "old_per_token_logps" in inputs)
@@ -391,6 +445,13 @@ class RLDFTrainer(GRPOTrainer):
         prompt_ids, prompt_mask, state = _state_inputs(inputs, active, j, mask_id, self.args)
         read = inputs["target_mask"][active, j]
         logps = completion_token_logps(model, prompt_ids, prompt_mask, state, rollout_ids, read_mask=read)
+        targets = read
+        if "targets_pending" in inputs:  # on-policy: Ô_t from this very forward (π_θ = π_old, detached)
+            targets = read & clean_target_mask(inputs["commit_step"][active], inputs["valid_mask"][active],
+                                               sampled[active, j], logps.detach().exp(), self.args.clean_target_threshold)
+            inputs["target_mask"][active, j] = targets
+            if self._pending_token_norm:  # (training only: without a backward the count is applied in _compute_loss)
+                self._pending_target_count = self._pending_target_count + targets.sum()
         old_all, ref_all = inputs.get("old_per_token_logps"), inputs.get("ref_per_token_logps")
         old = None if old_all is None else old_all[active, j]
         terms, ratio = policy_token_terms(logps, inputs["advantages"][active], old, self.epsilon_low, self.epsilon_high)
@@ -403,7 +464,9 @@ class RLDFTrainer(GRPOTrainer):
         weights = normalizer[active, j].unsqueeze(-1)
         if "target_weight" in inputs:
             weights = weights * inputs["target_weight"][active, j]
-        return (terms * inputs["target_mask"][active, j] * weights).sum()
+        if "targets_pending" in inputs and self.args.loss_normalization == "sample":
+            weights = weights / targets.sum(-1, keepdim=True).clamp(min=1)  # the 1/|Ô_t| of Eq. 10
+        return (terms * targets * weights).sum()
 
     def _loss_normalizer(self, inputs, mode) -> torch.Tensor:
         """Per-(row, step) weight of a target token's term, so that summing gives Eq. 10 / Eq. 13.
@@ -413,15 +476,41 @@ class RLDFTrainer(GRPOTrainer):
         token, averaged over the micro-batch's completions and accumulation steps (TRL's ``grpo``).
         """
         targets, sampled = inputs["target_mask"], inputs["sampled_steps"]
+        pending = "targets_pending" in inputs  # targets fixed in the loss forward: counts applied later
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1
         if self.args.loss_normalization == "token":
-            count = inputs["num_target_tokens"].clamp(min=1.0) / self.accelerator.num_processes
-            if mode == "train":
-                count = count * accumulation / self.args.steps_per_generation
-            return torch.ones(sampled.shape, device=sampled.device) / count
-        per_step = (targets.sum(-1) if "target_weight" not in inputs else inputs["target_weight"].sum(-1)).clamp(min=1)
+            share = self.accelerator.num_processes * (self.args.steps_per_generation / accumulation if mode == "train" else 1)
+            count = 1.0 if pending else inputs["num_target_tokens"].clamp(min=1.0)  # pending: see training_step
+            return torch.full(sampled.shape, share, device=sampled.device) / count
+        if pending:  # the 1/|Ô_t| factor is applied by _step_loss
+            per_step = torch.ones(sampled.shape, device=sampled.device)
+        else:
+            weighted = targets.sum(-1) if "target_weight" not in inputs else inputs["target_weight"].sum(-1)
+            per_step = weighted.clamp(min=1)
         steps = (sampled != INVALID_STEP).sum(-1, keepdim=True).clamp(min=1)
         return 1.0 / (per_step * steps * sampled.shape[0] * accumulation)
+
+    def training_step(self, model, inputs, num_items_in_batch):
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        return self._finish_pending_normalization(model, loss) if self._pending_token_norm else loss
+
+    def _finish_pending_normalization(self, model, loss):
+        """``token`` normalisation of a batch whose targets came from the loss forward (:meth:`_clean_targets_from_loss`).
+
+        Its micro-batches were backpropagated without the ``1/count`` of Eq. 13: after the last one, the gradients
+        are divided by the generation batch's target count (all processes), before the Trainer clips them. The loss
+        the Trainer logs is returned in full by the last micro-batch (0 by the others).
+        """
+        self._pending_loss = self._pending_loss + loss
+        if not self.accelerator.sync_gradients:
+            return torch.zeros_like(loss)
+        count = self.accelerator.reduce(self._pending_target_count.float().reshape(1), reduction="sum").clamp(min=1.0)
+        for param in model.parameters():
+            if param.grad is not None:
+                param.grad.div_(count.to(param.grad.dtype))
+        total = self._pending_loss / count.to(loss.dtype).squeeze()
+        self._pending_loss = self._pending_target_count = torch.zeros((), device=loss.device)
+        return total
 
     @property
     def _per_step_backward(self) -> bool:
