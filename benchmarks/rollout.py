@@ -10,7 +10,7 @@ Two ways to run it:
   side by side in one run; every measurement in a fresh process (``before_after.py``), interleaved repeats,
   medians; plus peak resident memory, the KV-cache bytes per step of both cache layouts and the bytes that
   data-movement ops (copies, concatenations, gathers) write per step (counted at ``--count-batch``).
-  ``--save FILE`` keeps every result as it arrives and a rerun reuses them (``--repeats`` more are added).
+  ``--save FILE`` keeps every result as it arrives and a rerun reuses them (``--repeats`` counts them).
 
     python benchmarks/rollout.py                                    # CPU: small LLaDA-shaped model, batch 1 and 8
     python benchmarks/rollout.py --compare-main --batch 1 --save runs/rollout.jsonl   # before/after (CPU, 1 thread)
