@@ -338,7 +338,8 @@ def compare_main(args):
     unmasking = args.unmasking.split(",")[0]
     caches = args.caches.split(",")
     batches = [int(b) for b in args.batch.split(",")]
-    plain = {k: v for k, v in vars(args).items() if k not in ("compare_main", "baseline", "timeout", "save", "batch")}
+    plain = {k: v for k, v in vars(args).items()  # what a measurement depends on (so saved results match)
+             if k not in ("compare_main", "baseline", "timeout", "save", "batch", "repeats", "count_batch")}
     specs = [dict(args=plain, batch=b, cache=c, unmasking=unmasking, count_bytes=b == args.count_batch)
              for b in batches for c in caches]
     load_before = os.getloadavg()
