@@ -151,6 +151,7 @@ def measure(spec: dict) -> dict:
             if getattr(trainer, "_pending_token_norm", False):
                 trainer._finish_pending_normalization(trainer.model, loss.detach())
 
+    trainer.current_gradient_accumulation_steps = 1  # what the Trainer's loop sets: one micro-batch per step
     update()  # warm-up (allocator, first-call costs)
     trainer.model.zero_grad(set_to_none=True)
     with PeakRSS() as memory:

@@ -334,6 +334,8 @@ def test_diffusion_off_policy_masks_follow_the_rule(tmp_path, source):
         assert tokens["from_rollout"].any() and (~tokens["from_rollout"]).any()
     assert check_masks_follow_rule(trainer, vocab_size=len(make_char_tokenizer()) - 1) > 0
     logs = check_logs(trainer)
+    # The mask replaces PPO clipping and there is no entropy term: neither is logged (as zeros) for DPPO.
+    assert not any(key.startswith("clip_ratio/") or key == "entropy" for entry in logs for key in entry)
     if source == "old":
         assert all(entry["dppo/mu_from_old"] == 1.0 for entry in logs)
 
@@ -404,7 +406,8 @@ def test_diffusion_step_loss_matches_a_full_vocabulary_reference(tmp_path, itera
             support = logp[g].gather(-1, torch.cat([mu_ids.clamp(min=0), a.view(1)]))
             terms, _ = trainer._masked_terms(support[None], mu_ids[None], mu_logps[None], a.view(1), mu_a.view(1),
                                              inputs["advantages"][b].view(1), trainer._vocab_size)
-            kl = trainer.beta * k3_kl(raw[g, a], inputs["ref_per_token_logps"][b, j, g])
+            old = inputs["old_per_token_logps"][b, j, g] if "old_per_token_logps" in inputs else raw[g, a].detach()
+            kl = trainer.beta * k3_kl(raw[g, a], inputs["ref_per_token_logps"][b, j, g]) * (raw[g, a] - old).exp()
             expected = expected + (terms[0] + kl) * normalizer[b, j]
     want = torch.autograd.grad(expected, params)
     trainer.args.backward_mode = "per_micro_batch"  # one graph, so that autograd.grad sees the whole loss

@@ -21,6 +21,7 @@ OVERRIDDEN = [
     "_generate_and_score_completions",
     "_compute_loss",
     "training_step",
+    "_calculate_rewards",
     "_save_rng_state",
     "_load_rng_state",
 ]
@@ -30,7 +31,7 @@ def test_overridden_methods_exist_in_pinned_trl():
     own = {name for name, value in vars(RLDFTrainer).items() if inspect.isfunction(value) and name != "__init__"}
     private_helpers = {"_prepare_reference", "_logps_at_sampled_states", "_log_rldf_metrics", "_target_mask",
                        "_loss_normalizer", "_zero_loss", "_step_loss", "_clean_targets_from_loss", "_candidate_mask",
-                       "_finish_pending_normalization"}
+                       "_finish_pending_normalization", "_zero_variance_rows"}
     assert own - private_helpers == set(OVERRIDDEN)
     for name in OVERRIDDEN:
         assert hasattr(GRPOTrainer, name), f"GRPOTrainer.{name} no longer exists: RLDFTrainer overrides a ghost"

@@ -8,6 +8,13 @@ from .bidirectional import diffusion_config
 from .engines import logits_at
 
 
+def token_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of ``softmax(logits)`` per position, in float32."""
+    logits = logits.float()
+    log_probs = logits.log_softmax(-1)
+    return -(log_probs.exp() * log_probs).sum(-1)
+
+
 def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``log_softmax(logits)[index]`` in float32, without keeping a full-vocabulary log-softmax around."""
     logits = logits.float()
@@ -45,14 +52,18 @@ def completion_token_logps(
     state_ids: torch.Tensor,
     target_ids: torch.Tensor,
     read_mask: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """``log π(target_i | q, state)`` (B, G) in float32.
+    with_entropy: bool = False,
+):
+    """``log π(target_i | q, state)`` (B, G) in float32 (and, ``with_entropy``, the entropy of ``π(· | q, state)``
+    at each read position, (B, G); with gradient only when grad is enabled and the caller uses it).
 
     With ``read_mask`` (B, G) the LM head and the log-softmax run only where it is set (0 is returned elsewhere):
     the loss reads a few positions of each state, and the full-vocabulary logits of the others are never built.
     """
     if read_mask is None:
-        return selective_log_softmax(completion_logits(model, prompt_ids, prompt_mask, state_ids), target_ids)
+        logits = completion_logits(model, prompt_ids, prompt_mask, state_ids)
+        logps = selective_log_softmax(logits, target_ids)
+        return (logps, token_entropy(logits)) if with_entropy else logps
     shift = 1 if getattr(diffusion_config(model), "diffusion_logit_shift", False) else 0
     input_ids, attention_mask = state_canvas(prompt_ids, prompt_mask, state_ids, shift)
     rows, columns = read_mask.nonzero(as_tuple=True)
@@ -61,4 +72,7 @@ def completion_token_logps(
         input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
     )
     logps = selective_log_softmax(logits, target_ids[rows, columns])
-    return torch.zeros(read_mask.shape, dtype=logps.dtype, device=logps.device).index_put((rows, columns), logps)
+    scatter = lambda values: torch.zeros(read_mask.shape, dtype=values.dtype, device=values.device).index_put(  # noqa: E731
+        (rows, columns), values
+    )
+    return (scatter(logps), scatter(token_entropy(logits))) if with_entropy else scatter(logps)

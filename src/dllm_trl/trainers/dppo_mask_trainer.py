@@ -209,6 +209,11 @@ class DPPOMaskTrainer(RLDFTrainer):
         self._old_pass_pending = False
         self._step_buffers = None
         if kind == "diffusion":
+            if args.loss_type != "dapo":
+                raise ValueError(
+                    f"loss_type={args.loss_type!r} applies to causal LMs; on a diffusion LM the terms are aggregated "
+                    "with loss_normalization ('token' ≈ 'dapo', 'sample' ≈ 'grpo'): set that instead."
+                )
             super().__init__(model, reward_funcs=reward_funcs, args=args, **kwargs)
             config = diffusion_config(model)
             self._mask_token_id = config.mask_token_id
@@ -582,6 +587,9 @@ class DPPOMaskTrainer(RLDFTrainer):
         terms, parts = self._masked_terms(pi_support, mu_ids, mu_logps, action, mu_action, advantages, self._vocab_size)
         if self.beta != 0.0:
             step_kl = k3_kl(view.raw_action, inputs["ref_per_token_logps"][rows, j, columns])
+            if args.use_bias_correction_kl:  # as TRL: k3 weighted by π_θ/π_old (with gradient)
+                old = inputs["old_per_token_logps"][rows, j, columns] if has_old else view.raw_action.detach()
+                step_kl = step_kl * torch.exp(view.raw_action - old)
             terms = terms + self.beta * step_kl
             kl[rows, j, columns] = step_kl.detach()
         parts["from_rollout"] = from_rollout

@@ -45,7 +45,7 @@ from ..losses.rldf import (
     sample_timesteps,
     step_uncertainty,
 )
-from ..models.bidirectional import diffusion_config, make_bidirectional
+from ..models.bidirectional import diffusion_config, eos_token_ids, make_bidirectional
 from ..models.engines import (
     backward_syncs_every_call,
     backward_without_step,
@@ -112,6 +112,27 @@ def reference_copy(model, load=None):
     return load(path, **from_pretrained_kwargs)
 
 
+def check_training_inputs(model, train_dataset, tokenizer) -> None:
+    """Clear errors, up front, for inputs TRL would fail on deep inside (or silently train nothing with)."""
+    if train_dataset is not None and hasattr(train_dataset, "__len__"):
+        if len(train_dataset) == 0:
+            raise ValueError("train_dataset is empty: there is nothing to train on.")
+        columns = getattr(train_dataset, "column_names", None)
+        if columns is not None and "prompt" not in columns:
+            raise ValueError(
+                f"train_dataset has no 'prompt' column (it has {columns}): rename the column that holds the prompts, "
+                "e.g. dataset.rename_column('question', 'prompt'), or load it with dllm_trl.data.load_task_dataset."
+            )
+    tokenizer_mask = getattr(tokenizer, "mask_token_id", None)
+    model_mask = getattr(getattr(model, "config", None), "mask_token_id", None)
+    if tokenizer_mask is not None and model_mask is not None and tokenizer_mask != model_mask:
+        raise ValueError(
+            f"The tokenizer's mask token (id {tokenizer_mask}) is not the model's (config.mask_token_id={model_mask}): "
+            "the model would be trained on a token it was never pre-trained to fill. Pass the checkpoint's tokenizer, or "
+            "load the model with load_diffusion_model(..., mask_token_id=...)."
+        )
+
+
 def init_with_reference(trainer, parent_init, model, args, load=None, **kwargs):
     """Run ``parent_init`` (a ``GRPOTrainer.__init__``) and return the KL reference it left for us to prepare.
 
@@ -173,6 +194,7 @@ class RLDFTrainer(GRPOTrainer):
         if isinstance(model, str):
             model = load_diffusion_model(model, **dict(args.model_init_kwargs or {}))
         make_bidirectional(model)
+        check_training_inputs(model, kwargs.get("train_dataset"), kwargs.get("processing_class"))
         reference = init_with_reference(self, super().__init__, model, args, reward_funcs=reward_funcs, **kwargs)
         if reference is not None:
             self.ref_model = self._prepare_reference(reference)
@@ -308,12 +330,15 @@ class RLDFTrainer(GRPOTrainer):
         output = super()._generate_and_score_completions(inputs)
         rollout, self._rollout = self._rollout, None
         output.update(rollout)
+        if self.args.mask_truncated_completions:  # as TRL: a completion that never reached EOS is not learnt from
+            eos = torch.tensor(eos_token_ids(diffusion_config(self.model)), device=output["rollout_ids"].device)
+            truncated = ~torch.isin(output["rollout_ids"], eos).any(1)
+            output["valid_mask"] = output["valid_mask"] * (~truncated).unsqueeze(1)
+            output["sampled_steps"] = output["sampled_steps"].masked_fill(truncated.unsqueeze(1), INVALID_STEP)
         if self.args.drop_zero_variance_groups and self.model.training:
-            advantages = self.accelerator.gather(output["advantages"])
-            group_zero = (advantages.view(-1, self.num_generations) == 0).all(1)
-            local = group_zero.repeat_interleave(self.num_generations)
-            start = self.accelerator.process_index * output["advantages"].shape[0]
-            drop = local[start : start + output["advantages"].shape[0]]
+            rows = output["advantages"].shape[0]
+            start = self.accelerator.process_index * rows
+            drop = self._zero_variance_rows()[start : start + rows]
             output["sampled_steps"] = output["sampled_steps"].masked_fill(drop.unsqueeze(1), INVALID_STEP)
 
         # Clean targets (Alg. 3) read π_old, the policy that produced the batch. On-policy, π_old is the policy of
@@ -337,8 +362,33 @@ class RLDFTrainer(GRPOTrainer):
             output["num_target_tokens"] = self.accelerator.gather(output["target_mask"].sum()).sum()
         return output
 
+    _entropy_all = None
+    """(B, k, G) entropies of the states' target distributions in the current loss call (None: not computed)."""
+
     _pending_token_norm = False
     """Whether the micro-batch just computed awaits its batch normaliser (see :meth:`_finish_pending_normalization`)."""
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._gathered_rewards = rewards  # (every process's completions, reward functions): see _zero_variance_rows
+        return rewards
+
+    def _zero_variance_rows(self) -> torch.Tensor:
+        """(all processes' rows,) bool: the rows of groups whose advantages carry no signal (paper App. C.3).
+
+        Read from the gathered rewards as TRL's own ``frac_reward_zero_std`` is (a std within float rounding of 0),
+        not from ``advantages == 0``, which the rounding of the group mean defeats: with ``sum_then_normalize`` the
+        weighted sum is constant in the group; with ``normalize_then_sum`` every reward function is.
+        """
+        rewards = self._gathered_rewards
+        groups = rewards.view(-1, self.num_generations, rewards.shape[-1])
+        if self.args.multi_objective_aggregation == "sum_then_normalize":
+            total = (groups * self.reward_weights.to(rewards.device)).nansum(-1)
+            zero = torch.nan_to_num(total.std(1), nan=0.0) <= 1e-6 * (1 + total.abs().mean(1))
+        else:
+            spread = torch.nan_to_num(groups.std(1), nan=0.0)
+            zero = (spread <= 1e-6 * (1 + groups.abs().mean(1))).all(-1)
+        return zero.repeat_interleave(self.num_generations)
 
     defer_clean_targets = True
     """On-policy batches fix their clean targets in the loss forward (see :meth:`_clean_targets_from_loss`); set it
@@ -403,6 +453,8 @@ class RLDFTrainer(GRPOTrainer):
         normalizer = self._loss_normalizer(inputs, mode)
         kl = torch.zeros(targets.shape, device=targets.device)
         ratio_all = torch.ones_like(kl)
+        own_terms = type(self)._step_loss is RLDFTrainer._step_loss  # a subclass's terms may have no entropy / clip
+        self._entropy_all = torch.zeros_like(kl) if own_terms else None
         step_valid = sampled != INVALID_STEP
         active_steps = step_valid.any(0).nonzero().squeeze(1).tolist()
         training = mode == "train" and torch.is_grad_enabled()
@@ -431,8 +483,9 @@ class RLDFTrainer(GRPOTrainer):
             count = self.accelerator.reduce(targets.sum().float().reshape(1), reduction="sum").clamp(min=1.0).squeeze()
             total, graph = total / count, graph / count
         loss = graph + (total - graph.detach())
+        clipped = "old_per_token_logps" in inputs and own_terms  # PPO clipping happened
         self._log_rldf_metrics(mode, targets, step_valid, inputs["valid_mask"].bool(), kl, ratio_all,
-                               inputs["advantages"], "old_per_token_logps" in inputs)
+                               inputs["advantages"], clipped)
         self._metrics[mode]["rldf/loss_time"].append(time.perf_counter() - start)
         return loss
 
@@ -444,7 +497,8 @@ class RLDFTrainer(GRPOTrainer):
         mask_id = diffusion_config(model).mask_token_id
         prompt_ids, prompt_mask, state = _state_inputs(inputs, active, j, mask_id, self.args)
         read = inputs["target_mask"][active, j]
-        logps = completion_token_logps(model, prompt_ids, prompt_mask, state, rollout_ids, read_mask=read)
+        logps, entropy = completion_token_logps(model, prompt_ids, prompt_mask, state, rollout_ids, read_mask=read,
+                                                with_entropy=True)
         targets = read
         if "targets_pending" in inputs:  # on-policy: Ô_t from this very forward (π_θ = π_old, detached)
             targets = read & clean_target_mask(inputs["commit_step"][active], inputs["valid_mask"][active],
@@ -454,11 +508,17 @@ class RLDFTrainer(GRPOTrainer):
                 self._pending_target_count = self._pending_target_count + targets.sum()
         old_all, ref_all = inputs.get("old_per_token_logps"), inputs.get("ref_per_token_logps")
         old = None if old_all is None else old_all[active, j]
-        terms, ratio = policy_token_terms(logps, inputs["advantages"][active], old, self.epsilon_low, self.epsilon_high)
+        terms, ratio = policy_token_terms(logps, inputs["advantages"][active], old, self.epsilon_low, self.epsilon_high,
+                                          delta=self.args.delta)
         if self.beta != 0.0:
             step_kl = k3_kl(logps, ref_all[active, j])
+            if self.args.use_bias_correction_kl:  # as TRL: k3 weighted by π_θ/π_old, with gradient
+                step_kl = step_kl * torch.exp(logps - (logps.detach() if old is None else old))
             terms = terms + self.beta * step_kl
             kl[active, j] = step_kl.detach()
+        if self.args.entropy_coef != 0.0:  # as TRL: an entropy bonus per target token
+            terms = terms - self.args.entropy_coef * entropy
+        self._entropy_all[active, j] = entropy.detach()
         if ratio is not None:
             ratio_all[active, j] = ratio.detach()
         weights = normalizer[active, j].unsqueeze(-1)
@@ -532,10 +592,14 @@ class RLDFTrainer(GRPOTrainer):
         target_count = targets.sum().float()
         lengths = valid.sum(-1, keepdim=True).float().clamp_min(1).expand_as(step_valid)
         utility = (targets.sum(-1).float() / lengths * step_valid).sum()
-        stats = reduce(torch.stack([target_count, steps, utility, (kl * targets).sum()]))
+        rows = torch.tensor(float(step_valid.shape[0]), device=steps.device)
+        entropy = (self._entropy_all * targets).sum() if self._entropy_all is not None else torch.zeros_like(steps)
+        stats = reduce(torch.stack([target_count, steps, utility, (kl * targets).sum(), rows, entropy]))
         self._metrics[mode]["rldf/target_tokens_per_step"].append((stats[0] / stats[1].clamp_min(1)).item())
         self._metrics[mode]["rldf/token_utility"].append((stats[2] / stats[1].clamp_min(1)).item())
-        self._metrics[mode]["rldf/sampled_steps"].append((stats[1] / max(step_valid.shape[0], 1)).item())
+        self._metrics[mode]["rldf/sampled_steps"].append((stats[1] / stats[4].clamp_min(1)).item())
+        if self._entropy_all is not None:  # TRL's metric: mean entropy of the tokens the loss reads
+            self._metrics[mode]["entropy"].append((stats[5] / stats[0].clamp_min(1)).item())
         if self.beta != 0.0:
             self._metrics[mode]["kl"].append((stats[3] / stats[0].clamp_min(1)).item())
         if ppo:
