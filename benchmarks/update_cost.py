@@ -19,39 +19,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import threading
 import time
 from unittest import mock
 
 import torch
 
 from before_after import BASELINE_COMMIT, Side, run_interleaved, worker_main
+from train_step import PeakMemory
 
 SHAPE = dict(hidden_size=256, intermediate_size=768, num_hidden_layers=2, num_attention_heads=4)
-
-
-class PeakRSS:
-    """Peak resident-set growth inside the block, in MiB (sampled)."""
-
-    def __enter__(self):
-        import psutil
-
-        self._process = psutil.Process()
-        self.base = self.peak = self._process.memory_info().rss
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-        return self
-
-    def _sample(self):
-        while not self._stop.wait(0.005):
-            self.peak = max(self.peak, self._process.memory_info().rss)
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-        self.growth_mib = (self.peak - self.base) / 2**20
-        return False
 
 
 def trajectory(rows: int, prompt_len: int, gen: int, block: int, vocab: int, k: int, seed: int = 0) -> dict:
@@ -154,11 +130,11 @@ def measure(spec: dict) -> dict:
     trainer.current_gradient_accumulation_steps = 1  # what the Trainer's loop sets: one micro-batch per step
     update()  # warm-up (allocator, first-call costs)
     trainer.model.zero_grad(set_to_none=True)
-    with PeakRSS() as memory:
+    with PeakMemory("cpu") as memory:
         start = time.perf_counter()
         update()
         seconds = time.perf_counter() - start
-    return {"seconds": seconds, "peak_growth_mib": memory.growth_mib}
+    return {"seconds": seconds, "peak_growth_mib": memory.peak}
 
 
 def main():
