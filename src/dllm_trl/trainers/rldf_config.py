@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import torch
 from trl import GRPOConfig
 
 from ..generation.config import CACHE_MODES, SAMPLING_STYLES, UNMASKING_MODES, DiffusionGenerationConfig
@@ -122,10 +123,6 @@ class RLDFConfig(GRPOConfig):
     max_completion_length: int | None = field(default=256, metadata={"help": "Diffusion generation length."})
     beta: float = field(default=0.01, metadata={"help": "k3-KL weight (paper: 0.01 LLaDA, 0.04 Dream)."})
     learning_rate: float = field(default=1e-6, metadata={"help": "Learning rate (paper: 1e-6)."})
-    ddp_broadcast_buffers: bool | None = field(
-        default=False,
-        metadata={"help": "Off: processes run different numbers of forwards per step (one per sampled step)."},
-    )
 
     def __post_init__(self):
         if self.max_completion_length is None or self.max_completion_length <= 0:
@@ -176,6 +173,8 @@ class RLDFConfig(GRPOConfig):
             raise ValueError("importance_sampling_level must be 'token' for RLDF (per-token ratios at each state).")
         if self.top_entropy_quantile != 1.0:
             raise ValueError("top_entropy_quantile is not supported by RLDF; leave it at 1.0.")
+        if self.dataloader_pin_memory and not torch.accelerator.is_available():
+            self.dataloader_pin_memory = False  # nothing to pin for; the DataLoader would warn on every run
         super().__post_init__()
         # Validate the sampler settings now rather than at the first rollout.
         self.diffusion_generation_config()
