@@ -7,11 +7,10 @@ import os
 import torch
 from accelerate import PartialState
 from transformers import AutoTokenizer
-from trl import ModelConfig, get_quantization_config
+from trl import ModelConfig
 
 from .models import load_diffusion_model
 from .toy import toy_assets_dir, toy_generation_config
-from .trainers import RLDFConfig
 
 TOY_TRAINING_DEFAULTS = dict(
     max_steps=2, max_completion_length=8, block_length=4, per_device_train_batch_size=4, num_generations=4,
@@ -32,7 +31,11 @@ def toy_training_defaults(output_dir: str, **overrides) -> dict:
 def model_init_kwargs(model_args: ModelConfig, device: str | int | None = None) -> dict:
     """``from_pretrained`` keyword arguments that ``--dtype``, ``--attn_implementation``, ``--model_revision`` and
     ``--load_in_4bit`` / ``--load_in_8bit`` (bitsandbytes, placed on ``device`` or on this process's device) ask for."""
-    quantization_config = get_quantization_config(model_args)
+    quantization_config = None
+    if model_args.load_in_4bit or model_args.load_in_8bit:
+        from trl import get_quantization_config  # imports PEFT and bitsandbytes: only when quantising
+
+        quantization_config = get_quantization_config(model_args)
     placement = device if device is not None else PartialState().local_process_index
     if not torch.accelerator.is_available():
         placement = "cpu"
@@ -80,9 +83,11 @@ def load_model_and_tokenizer(model_args: ModelConfig, device: str | None = None)
     return model.eval(), tokenizer
 
 
-def toy_rldf_config(output_dir: str, **overrides) -> RLDFConfig:
+def toy_rldf_config(output_dir: str, **overrides):
     """RLDF settings that improve the toy model on CPU (the main job's and the estimator benchmark's):
     the toy sampler settings, 4 prompts x 8 generations per step, k = 4, β = 0, constant lr 3e-5."""
+    from .trainers import RLDFConfig  # imports TRL's trainers and PEFT: only for the scripts that train
+
     gen = toy_generation_config()
     values = dict(
         output_dir=output_dir, max_completion_length=gen.gen_length, block_length=gen.block_length,
