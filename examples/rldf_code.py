@@ -39,7 +39,8 @@ On one GPU use ``examples/accelerate_configs/single_gpu.yaml`` with ``--gradient
 8 × 4 rollout per optimizer step). The paper does not state a step count (Dream converges in about 100 steps).
 
 LoRA and 4-bit loading use TRL's flags, e.g. ``--use_peft --lora_r 32 --lora_alpha 64 --lora_target_modules
-all-linear --load_in_4bit``; LoRA usually wants a larger learning rate than 1e-6. ``DLLM_TRL_CODE_WORKERS`` sets
+all-linear --load_in_4bit``; LoRA usually wants a larger learning rate than 1e-6. ``--load_in_4bit`` applies
+to a checkpoint named with ``--model_name_or_path``; the toy default loads unquantised. ``DLLM_TRL_CODE_WORKERS`` sets
 how many completions the sandbox tests at once.
 """
 
@@ -48,7 +49,7 @@ from __future__ import annotations
 from trl import ModelConfig, TrlParser, get_peft_config
 
 from dllm_trl import RLDFConfig, RLDFTrainer
-from dllm_trl.cli import load_model_and_tokenizer, toy_training_defaults
+from dllm_trl.cli import check_report_backends, load_model_and_tokenizer, save_trained_model, toy_training_defaults
 from dllm_trl.data import DatasetArguments, prepare_dataset, sample_dataset
 from dllm_trl.rewards import code_reward
 
@@ -57,6 +58,7 @@ def main():
     parser = TrlParser((DatasetArguments, RLDFConfig, ModelConfig))
     parser.set_defaults(**toy_training_defaults("outputs/rldf-code"))
     data_args, training_args, model_args = parser.parse_args_and_config()
+    check_report_backends(training_args)
 
     model, tokenizer = load_model_and_tokenizer(model_args)
     if model_args.model_name_or_path is None and data_args.dataset_name is None:
@@ -73,8 +75,7 @@ def main():
         peft_config=get_peft_config(model_args),
     )
     trainer.train()
-    if training_args.save_strategy != "no":
-        trainer.save_model(training_args.output_dir)
+    save_trained_model(trainer, training_args)
     rewards = [round(entry["reward"], 3) for entry in trainer.state.log_history if "reward" in entry]
     print(f"mean reward (test pass rate) per logged step: {rewards}")
 

@@ -15,17 +15,45 @@ from .toy import toy_assets_dir, toy_generation_config
 TOY_TRAINING_DEFAULTS = dict(
     max_steps=2, max_completion_length=8, block_length=4, per_device_train_batch_size=4, num_generations=4,
     num_sampled_timesteps=4, learning_rate=1e-4, beta=0.01, temperature=1.0, logging_steps=1, report_to="none",
-    save_strategy="no",
 )
-"""Training arguments of the scripts' no-argument run: two RLDF steps of the toy model on CPU."""
+"""Training arguments of the scripts' no-argument run: two RLDF steps of the toy model on CPU. Saving is TRL's
+default: checkpoints every ``save_steps`` and at the last step, and the final model in ``output_dir``."""
+
+REPORT_PACKAGES = {"azure_ml": "azureml-core", "comet_ml": "comet-ml", "dagshub": "dagshub mlflow"}
+"""``pip install`` names of the ``--report_to`` backends not installed under their own name."""
 
 
 def toy_training_defaults(output_dir: str, **overrides) -> dict:
-    """:data:`TOY_TRAINING_DEFAULTS` for a script writing to ``output_dir``: bf16 where the GPU has it, or where the
+    """:data:`TOY_TRAINING_DEFAULTS` for a script writing to ``output_dir``: bf16 where the GPU has it natively, or where the
     accelerate config asks for it (a DeepSpeed config's bf16 must agree with the training arguments')."""
     launcher = os.environ.get("ACCELERATE_MIXED_PRECISION")
-    bf16 = launcher == "bf16" if launcher else torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    bf16 = launcher == "bf16" if launcher else torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
     return {**TOY_TRAINING_DEFAULTS, "output_dir": output_dir, "bf16": bf16, **overrides}
+
+
+def check_report_backends(training_args) -> None:
+    """Stop before any model loads when a ``--report_to`` backend is not installed, naming its install command
+    (transformers would fail later, at trainer creation)."""
+    from transformers.integrations import get_available_reporting_integrations
+
+    available = set(get_available_reporting_integrations())
+    missing = [name for name in training_args.report_to if name not in available]
+    if missing:
+        packages = " ".join(REPORT_PACKAGES.get(name, name) for name in missing)
+        raise SystemExit(
+            f"error: --report_to {' '.join(missing)}: not installed; run `pip install {packages}` "
+            "or pass --report_to none."
+        )
+
+
+def save_trained_model(trainer, training_args) -> None:
+    """What a TRL script does after ``train()``: the final model (and tokenizer) in ``output_dir``, pushed to
+    the Hub with ``--push_to_hub``."""
+    trainer.save_model(training_args.output_dir)
+    if training_args.push_to_hub:
+        trainer.push_to_hub()
+    if trainer.accelerator.is_main_process:
+        print(f"saved the trained model to {training_args.output_dir}")
 
 
 def model_init_kwargs(model_args: ModelConfig, device: str | int | None = None) -> dict:
