@@ -119,7 +119,7 @@ class DiffusionGenerationConfig:
                 f"prompt + gen_length={self.gen_length} exceed the model's max_position_embeddings={max_positions}: "
                 "positions past it were never trained and decode poorly. Use a shorter gen_length "
                 "(max_completion_length in the trainers) or shorter prompts.",
-                stacklevel=3,
+                stacklevel=2,
             )
 
     def to_dict(self) -> dict:
