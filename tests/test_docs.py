@@ -90,6 +90,10 @@ def test_shell_commands_parse(path):
     assert set(setup) <= ci_commands() | {c for c in setup if c.startswith("pip install -r requirements-cpu.txt")}
     for command in (c for c in commands if not is_setup(c)):
         words = shlex.split(with_toy_model(command))
+        env = offline_env()
+        while re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):  # `NAME=value command ...`
+            name, _, value = words.pop(0).partition("=")
+            env[name] = value
         if words[0] in ("python", "python3"):
             arguments = words[1:]
         elif words[:2] == ["accelerate", "launch"]:
@@ -97,5 +101,5 @@ def test_shell_commands_parse(path):
         else:
             raise AssertionError(f"{path.name}: teach tests/test_docs.py to check {command!r}")
         done = subprocess.run([sys.executable, str(ROOT / "tests" / "docs_dry_run.py"), *arguments], cwd=ROOT,
-                              env=offline_env(), capture_output=True, text=True, timeout=300)
+                              env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0 and "DRY_RUN_PARSED" in done.stdout, f"{command}\n{done.stderr[-3000:]}"

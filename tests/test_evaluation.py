@@ -200,10 +200,12 @@ def test_cli_writes_json_markdown_plot_and_completions(tmp_path):
         fixtures[layout] = tmp_path / f"{layout}_fixture.jsonl"
         sample_dataset(layout).to_json(str(fixtures[layout]))
     out = tmp_path / "eval"
-    result = main([
-        "--datasets", "toy", str(fixtures["gsm8k"]), str(fixtures["mbpp"]), "--num_problems", "16",
-        "--gen_lengths", "4", "8", "--unmasking", "dynamic", "static", "--batch_size", "8", "--output_dir", str(out),
-    ])
+    with pytest.warns(UserWarning, match="max_position_embeddings=64"):  # GSM8K/MBPP prompts: longer than the toy's
+        result = main([
+            "--datasets", "toy", str(fixtures["gsm8k"]), str(fixtures["mbpp"]), "--num_problems", "16",
+            "--gen_lengths", "4", "8", "--unmasking", "dynamic", "static", "--batch_size", "8", "--output_dir",
+            str(out),
+        ])
     saved = json.loads((out / "results.json").read_text())
     assert len(saved["cells"]) == 3 * 2 * 2 and saved["settings"]["gen_lengths"] == [4, 8]
     assert "_timestamp" in saved and saved["settings"]["model"] == "toy"
