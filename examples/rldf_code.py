@@ -39,8 +39,7 @@ On one GPU use ``examples/accelerate_configs/single_gpu.yaml`` with ``--gradient
 8 × 4 rollout per optimizer step). The paper does not state a step count (Dream converges in about 100 steps).
 
 LoRA and 4-bit loading use TRL's flags, e.g. ``--use_peft --lora_r 32 --lora_alpha 64 --lora_target_modules
-all-linear --load_in_4bit``; LoRA usually wants a larger learning rate than 1e-6. ``--load_in_4bit`` applies
-to a checkpoint named with ``--model_name_or_path``; the toy default loads unquantised. ``DLLM_TRL_CODE_WORKERS`` sets
+all-linear --load_in_4bit``; LoRA usually wants a larger learning rate than 1e-6. ``DLLM_TRL_CODE_WORKERS`` sets
 how many completions the sandbox tests at once.
 """
 

@@ -38,8 +38,7 @@ Paper 1 also trains only on the MATH problems LLaDA solves at least once in 16 s
 make that selection (pass such a subset as a file to ``--dataset_name``).
 
 LoRA and 4-bit loading use TRL's flags, e.g. ``--use_peft --lora_r 32 --lora_alpha 64 --lora_target_modules
-all-linear --load_in_4bit``; LoRA usually wants a larger learning rate than 1e-6. ``--load_in_4bit`` applies
-to a checkpoint named with ``--model_name_or_path``; the toy default loads unquantised.
+all-linear --load_in_4bit``; LoRA usually wants a larger learning rate than 1e-6.
 """
 
 from __future__ import annotations

@@ -46,6 +46,7 @@ from ..models.engines import (
     check_launch,
     check_weights_pass_gradients,
     is_partitioned,
+    keep_buffers_out_of_ddp,
     paused_gradient_sync,
     unwrap_model,
 )
@@ -166,6 +167,7 @@ class RLDFTrainer(GRPOTrainer):
             model = load_diffusion_model(model, **dict(args.model_init_kwargs or {}))
         make_bidirectional(model)
         reference = init_with_reference(self, super().__init__, model, args, reward_funcs=reward_funcs, **kwargs)
+        keep_buffers_out_of_ddp(self.model)
         if reference is not None:
             self.ref_model = self._prepare_reference(reference)
 
