@@ -24,10 +24,11 @@ REPORT_PACKAGES = {"azure_ml": "azureml-core", "comet_ml": "comet-ml", "dagshub"
 
 
 def toy_training_defaults(output_dir: str, **overrides) -> dict:
-    """:data:`TOY_TRAINING_DEFAULTS` for a script writing to ``output_dir``: bf16 where the GPU has it natively, or where the
-    accelerate config asks for it (a DeepSpeed config's bf16 must agree with the training arguments')."""
+    """:data:`TOY_TRAINING_DEFAULTS` for a script writing to ``output_dir``: bf16 where the GPU has it natively, or
+    where the accelerate config asks for it (a DeepSpeed config's bf16 must agree with the training arguments')."""
     launcher = os.environ.get("ACCELERATE_MIXED_PRECISION")
-    bf16 = launcher == "bf16" if launcher else torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
+    native_bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
+    bf16 = launcher == "bf16" if launcher else native_bf16
     return {**TOY_TRAINING_DEFAULTS, "output_dir": output_dir, "bf16": bf16, **overrides}
 
 
