@@ -27,7 +27,8 @@ SCRIPTS = ["rldf_math.py", "rldf_code.py", "dppo_mask_math.py", "evaluate.py"]
 TIMEOUT = 240
 
 
-def run_example(args: list[str], cwd: Path, launcher: list[str] | None = None, expected_warning: str | None = None) -> str:
+def run_example(args: list[str], cwd: Path, launcher: list[str] | None = None,
+                expected_warning: str | None = None) -> str:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     command = (launcher or [sys.executable]) + args
     done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT)

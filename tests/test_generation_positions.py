@@ -18,7 +18,8 @@ def test_warns_past_max_position_embeddings():
     fits = positions - input_ids.shape[1]
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # exactly at the limit: no warning
-        diffusion_generate(model, input_ids, attention_mask, DiffusionGenerationConfig(gen_length=fits, block_length=fits))
+        config = DiffusionGenerationConfig(gen_length=fits, block_length=fits)
+        diffusion_generate(model, input_ids, attention_mask, config)
     too_long = DiffusionGenerationConfig(gen_length=2 * positions, block_length=positions)
     with pytest.warns(UserWarning, match=f"gen_length={2 * positions} exceed the model's max_position_embeddings=64"):
         out = diffusion_generate(model, input_ids, attention_mask, too_long)
