@@ -377,7 +377,7 @@ def test_diffusion_step_loss_matches_a_full_vocabulary_reference(tmp_path, itera
     trainer.train()
     inputs = trainer._buffered_inputs[0]
     assert ("old_topk_ids" in inputs) == (iterations > 1)
-    model, args, top_k = trainer.model, trainer.args, trainer.args.divergence_top_k
+    model, top_k = trainer.model, trainer.args.divergence_top_k
     params = [p for p in model.parameters() if p.requires_grad]
     expected = torch.zeros(())
     normalizer = trainer._loss_normalizer(inputs, "train")

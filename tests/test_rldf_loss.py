@@ -646,7 +646,7 @@ def test_all_padding_steps_give_zero_loss_that_backpropagates(llada_trainer, tok
     inputs = prepare_batch(trainer, batch)
     assert not inputs["target_mask"].any()
     loss = trainer._compute_loss(trainer.model, inputs)
-    assert torch.isfinite(loss) and float(loss) == 0.0
+    assert torch.isfinite(loss) and float(loss.detach()) == 0.0
     assert loss.requires_grad  # training_step calls backward on it
     params = trainable_params(trainer.model)
     for p in params:

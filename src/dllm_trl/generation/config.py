@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict, dataclass, field
 
 CACHE_MODES = ("none", "prefix", "dual")
@@ -115,6 +116,17 @@ class DiffusionGenerationConfig:
     @property
     def total_steps(self) -> int:
         return self.gen_length if self.steps is None else self.steps
+
+    def check_positions(self, prompt_length: int, max_positions: int | None) -> None:
+        """Warn when the canvas (``prompt_length`` columns, padding included, plus ``gen_length``) runs past the
+        model's ``max_position_embeddings``: RoPE still computes there, but the model never saw those positions."""
+        if max_positions is not None and prompt_length + self.gen_length > max_positions:
+            warnings.warn(
+                f"prompt + gen_length={self.gen_length} exceed the model's max_position_embeddings={max_positions}: "
+                "positions past it were never trained and decode poorly. Use a shorter gen_length "
+                "(max_completion_length in the trainers) or shorter prompts.",
+                stacklevel=2,
+            )
 
     def to_dict(self) -> dict:
         return asdict(self)

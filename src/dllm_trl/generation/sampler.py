@@ -188,6 +188,7 @@ def diffusion_generate(
         raise ValueError("A model with a logit shift needs a prompt of at least one token.")
     gen, block = cfg.gen_length, cfg.block_length
     total = prompt_len + gen
+    cfg.check_positions(prompt_len, getattr(config, "max_position_embeddings", None))
     if generator is None and cfg.seed is not None:
         generator = torch.Generator(device=device).manual_seed(cfg.seed)
 

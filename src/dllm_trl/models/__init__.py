@@ -1,45 +1,60 @@
-"""Checkpoint -> bidirectional transformers model carrying its diffusion properties (SPEC §4)."""
+"""Checkpoint -> bidirectional transformers model carrying its diffusion properties (SPEC §4).
 
-from .bidirectional import (
-    attention_mask_4d,
-    diffusion_config,
-    eos_token_ids,
-    is_bidirectional,
-    make_bidirectional,
-    mask_dtype_for,
-    set_diffusion_properties,
-)
-from .loading import (
-    LLADA_KEY_MAPPING,
-    checkpoint_family,
-    dream_to_qwen2_config,
-    llada_to_llama_config,
-    load_diffusion_model,
-    read_raw_config,
-)
-from .tiny import DREAM_7B_SHAPE, LLADA_8B_SHAPE, build_tiny_dream, build_tiny_llada, tiny_dream_config, tiny_llada_config
+Names are imported on first use: the sampler needs only :mod:`.bidirectional` (torch), not transformers'
+model classes that :mod:`.loading` and :mod:`.tiny` import.
+"""
 
-__all__ = [
-    "DREAM_7B_SHAPE",
-    "LLADA_8B_SHAPE",
-    "LLADA_KEY_MAPPING",
-    "attention_mask_4d",
-    "build_tiny_dream",
-    "build_tiny_llada",
-    "checkpoint_family",
-    "diffusion_config",
-    "dream_to_qwen2_config",
-    "eos_token_ids",
-    "is_bidirectional",
-    "llada_to_llama_config",
-    "load_diffusion_model",
-    "make_bidirectional",
-    "mask_dtype_for",
-    "read_raw_config",
-    "set_diffusion_properties",
-    "tiny_dream_config",
-    "tiny_llada_config",
-]
-from .scoring import completion_logits, completion_token_logps, selective_log_softmax
+from __future__ import annotations
 
-__all__ += ["completion_logits", "completion_token_logps", "selective_log_softmax"]
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_exports
+
+_EXPORTS = {
+    **dict.fromkeys(
+        ["attention_mask_4d", "diffusion_config", "eos_token_ids", "is_bidirectional", "make_bidirectional",
+         "mask_dtype_for", "set_diffusion_properties"],
+        "bidirectional",
+    ),
+    **dict.fromkeys(
+        ["LLADA_KEY_MAPPING", "checkpoint_family", "dream_to_qwen2_config", "llada_to_llama_config",
+         "load_diffusion_model", "read_raw_config"],
+        "loading",
+    ),
+    **dict.fromkeys(
+        ["DREAM_7B_SHAPE", "LLADA_8B_SHAPE", "build_tiny_dream", "build_tiny_llada", "tiny_dream_config",
+         "tiny_llada_config"],
+        "tiny",
+    ),
+    **dict.fromkeys(["completion_logits", "completion_token_logps", "selective_log_softmax"], "scoring"),
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+if TYPE_CHECKING:
+    from .bidirectional import (
+        attention_mask_4d,
+        diffusion_config,
+        eos_token_ids,
+        is_bidirectional,
+        make_bidirectional,
+        mask_dtype_for,
+        set_diffusion_properties,
+    )
+    from .loading import (
+        LLADA_KEY_MAPPING,
+        checkpoint_family,
+        dream_to_qwen2_config,
+        llada_to_llama_config,
+        load_diffusion_model,
+        read_raw_config,
+    )
+    from .scoring import completion_logits, completion_token_logps, selective_log_softmax
+    from .tiny import (
+        DREAM_7B_SHAPE,
+        LLADA_8B_SHAPE,
+        build_tiny_dream,
+        build_tiny_llada,
+        tiny_dream_config,
+        tiny_llada_config,
+    )

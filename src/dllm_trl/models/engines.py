@@ -127,6 +127,18 @@ def apply_at(model: nn.Module, rows: torch.Tensor, columns: torch.Tensor, fn, **
     return result[0]
 
 
+def keep_buffers_out_of_ddp(model: nn.Module) -> None:
+    """Tell DDP not to synchronise ``model``'s buffers (RoPE frequencies: constants, equal on every process).
+
+    DDP broadcasts buffers in every forward that will synchronise gradients, but processes run different numbers of
+    such forwards per step (one per sampled step with ``backward_mode="per_micro_batch"``), so the broadcasts would
+    pair up with the wrong collectives. ``broadcast_buffers=False`` said this before torch 2.13 deprecated it, and
+    accelerate cannot pass its replacement (``forward_sync_buffers``); the ignore list works on every version.
+    """
+    names = [name for name, _ in model.named_buffers()]
+    torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, names)
+
+
 def is_deepspeed(accelerator) -> bool:
     return getattr(accelerator.state, "deepspeed_plugin", None) is not None
 

@@ -7,6 +7,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
+import torch
 from trl import GRPOConfig
 
 from ..generation.config import CACHE_MODES, SAMPLING_STYLES, UNMASKING_MODES, DiffusionGenerationConfig
@@ -186,10 +187,6 @@ class RLDFConfig(GRPOConfig):
         default=False,
         metadata={"help": "Weight the k3 KL by π_θ/π_old with gradient (TRL's correction); paper 1 uses the plain k3."},
     )
-    ddp_broadcast_buffers: bool | None = field(
-        default=False,
-        metadata={"help": "Off: processes run different numbers of forwards per step (one per sampled step)."},
-    )
 
     def __post_init__(self):
         if self.max_completion_length is None or self.max_completion_length <= 0:
@@ -242,6 +239,8 @@ class RLDFConfig(GRPOConfig):
                     f"{name}={getattr(self, name)!r} is not supported by {type(self).__name__}: {reason}. Leave it at "
                     f"TRL's default ({default!r})."
                 )
+        if self.dataloader_pin_memory and not torch.accelerator.is_available():
+            self.dataloader_pin_memory = False  # nothing to pin for; the DataLoader would warn on every run
         super().__post_init__()
         # Validate the sampler settings now rather than at the first rollout, naming this config's fields.
         try:

@@ -54,6 +54,7 @@ from ..models.engines import (
     check_weights_pass_gradients,
     gradients_accessible,
     is_partitioned,
+    keep_buffers_out_of_ddp,
     paused_gradient_sync,
     unwrap_model,
 )
@@ -196,6 +197,7 @@ class RLDFTrainer(GRPOTrainer):
         make_bidirectional(model)
         check_training_inputs(model, kwargs.get("train_dataset"), kwargs.get("processing_class"))
         reference = init_with_reference(self, super().__init__, model, args, reward_funcs=reward_funcs, **kwargs)
+        keep_buffers_out_of_ddp(self.model)
         if reference is not None:
             self.ref_model = self._prepare_reference(reference)
 
