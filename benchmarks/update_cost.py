@@ -100,7 +100,7 @@ def measure(spec: dict) -> dict:
             loss = trainer._compute_loss(trainer.model, inputs)
             trainer.accelerator.backward(loss)
     else:
-        model = build_tiny_llada(vocab_size=vocab, mask_token_id=vocab - 1, eos_token_id=1, **SHAPE)
+        model = build_tiny_llada(vocab_size=vocab, mask_token_id=tokenizer.mask_token_id, eos_token_id=1, **SHAPE)
         if spec["phase"] == "dppo diffusion":
             trainer = DPPOMaskTrainer(model=model, reward_funcs=lambda completions, **kw: [0.0] * len(completions),
                                       args=DPPOMaskConfig(**common, divergence_top_k=top_k), train_dataset=dataset,
