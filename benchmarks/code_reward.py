@@ -1,101 +1,137 @@
-"""Throughput of the sandboxed code reward on a batch of small MBPP-like problems.
+"""Throughput of the sandboxed code reward: completions per second for a batch of 32 good programs
+and for a batch of 8 hostile + 24 good ones, optionally side by side with another checkout.
 
-    python benchmarks/code_reward.py [--batch 64] [--workers N] [--repeats 3]
+    python benchmarks/code_reward.py                          # this checkout
+    git worktree add --detach /tmp/main-rewards main
+    python benchmarks/code_reward.py --baseline /tmp/main-rewards   # before / after in one run
 
-Prints completions (evaluations) per second and unit tests per second. Each completion gets a
-fresh judge + executor process pair (see dllm_trl/rewards/code.py), so the figure is dominated by
-interpreter start-up and scales with the number of free CPU cores.
+Each completion gets a fresh judge + executor process pair (see dllm_trl/rewards/code.py), so the
+figures depend on the free CPU cores. The hostile programs sleep in the function under test
+(``--hostile sleep``, the default), spin (``spin``) or hand the judge a huge range (``stall``);
+each costs its own per-test budget (``--timeout``). The baseline runs in a subprocess with
+``PYTHONPATH=<baseline>/src`` and the same arguments; "peak RSS" is that of the calling process
+(the trainer's side: threads and pipes; each sandbox process is capped by its own RLIMIT_AS).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import resource
 import statistics
+import subprocess
+import sys
 import time
 
-from dllm_trl.rewards.code import SandboxConfig, code_reward, sandbox_capabilities
-
-# (solution, buggy solution, tests) — written for this benchmark
+# (solution, tests) — written for this benchmark
 PROBLEMS = [
-    ("def add(a, b):\n    return a + b", "def add(a, b):\n    return a - b",
-     ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(10, 5) == 15"]),
-    ("def is_even(n):\n    return n % 2 == 0", "def is_even(n):\n    return n % 2 == 1",
-     ["assert is_even(2) is True", "assert is_even(7) is False", "assert is_even(0) is True"]),
-    ("def rev(s):\n    return s[::-1]", "def rev(s):\n    return s",
-     ["assert rev('abc') == 'cba'", "assert rev('') == ''", "assert rev('ab') == 'ba'"]),
+    ("def add(a, b):\n    return a + b", ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(10, 5) == 15"]),
+    ("def is_even(n):\n    return n % 2 == 0", ["assert is_even(2) is True", "assert is_even(7) is False", "assert is_even(0) is True"]),
+    ("def rev(s):\n    return s[::-1]", ["assert rev('abc') == 'cba'", "assert rev('') == ''", "assert rev('ab') == 'ba'"]),
     ("def fact(n):\n    r = 1\n    for i in range(2, n + 1):\n        r *= i\n    return r",
-     "def fact(n):\n    r = 1\n    for i in range(2, n):\n        r *= i\n    return r",
      ["assert fact(0) == 1", "assert fact(5) == 120", "assert fact(10) == 3628800"]),
     ("def fib(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a",
-     "def fib(n):\n    a, b = 1, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a",
      ["assert fib(0) == 0", "assert fib(1) == 1", "assert fib(10) == 55"]),
-    ("def max_of(xs):\n    return max(xs)", "def max_of(xs):\n    return xs[0]",
-     ["assert max_of([1, 5, 3]) == 5", "assert max_of([-1, -5]) == -1", "assert max_of([7]) == 7"]),
+    ("def max_of(xs):\n    return max(xs)", ["assert max_of([1, 5, 3]) == 5", "assert max_of([-1, -5]) == -1", "assert max_of([7]) == 7"]),
     ("def count_vowels(s):\n    return sum(c in 'aeiou' for c in s.lower())",
-     "def count_vowels(s):\n    return sum(c in 'aeiou' for c in s)",
      ["assert count_vowels('Hello') == 2", "assert count_vowels('AEIOU') == 5", "assert count_vowels('xyz') == 0"]),
-    ("def uniq(xs):\n    return sorted(set(xs))", "def uniq(xs):\n    return list(set(xs))[::-1]",
-     ["assert uniq([3, 1, 3, 2]) == [1, 2, 3]", "assert uniq([]) == []", "assert uniq([5, 5]) == [5]"]),
+    ("def uniq(xs):\n    return sorted(set(xs))", ["assert uniq([3, 1, 3, 2]) == [1, 2, 3]", "assert uniq([]) == []", "assert uniq([5, 5]) == [5]"]),
     ("def is_prime(n):\n    if n < 2:\n        return False\n    i = 2\n    while i * i <= n:\n        if n % i == 0:\n"
-     "            return False\n        i += 1\n    return True",
-     "def is_prime(n):\n    return n % 2 == 1",
-     ["assert is_prime(2)", "assert not is_prime(9)", "assert is_prime(97)"]),
-    ("def word_count(s):\n    return len(s.split())", "def word_count(s):\n    return s.count(' ')",
-     ["assert word_count('a b c') == 3", "assert word_count('') == 0", "assert word_count('one') == 1"]),
-    ("def pairs(xs):\n    return list(zip(xs, xs[1:]))", "def pairs(xs):\n    return list(zip(xs, xs))",
-     ["assert pairs([1, 2, 3]) == [(1, 2), (2, 3)]", "assert pairs([1]) == []", "assert pairs([]) == []"]),
+     "            return False\n        i += 1\n    return True", ["assert is_prime(2)", "assert not is_prime(9)", "assert is_prime(97)"]),
+    ("def word_count(s):\n    return len(s.split())", ["assert word_count('a b c') == 3", "assert word_count('') == 0", "assert word_count('one') == 1"]),
+    ("def pairs(xs):\n    return list(zip(xs, xs[1:]))", ["assert pairs([1, 2, 3]) == [(1, 2), (2, 3)]", "assert pairs([1]) == []", "assert pairs([]) == []"]),
     ("def freq(s):\n    d = {}\n    for c in s:\n        d[c] = d.get(c, 0) + 1\n    return d",
-     "def freq(s):\n    return {c: 1 for c in s}",
      ["assert freq('aab') == {'a': 2, 'b': 1}", "assert freq('') == {}", "assert freq('z') == {'z': 1}"]),
-    ("def gcd(a, b):\n    while b:\n        a, b = b, a % b\n    return a", "def gcd(a, b):\n    return min(a, b)",
-     ["assert gcd(12, 18) == 6", "assert gcd(7, 3) == 1", "assert gcd(10, 5) == 5"]),
-    ("def flatten(xss):\n    return [x for xs in xss for x in xs]", "def flatten(xss):\n    return xss[0]",
-     ["assert flatten([[1], [2, 3]]) == [1, 2, 3]", "assert flatten([]) == []", "assert flatten([[4]]) == [4]"]),
-    ("def square_sum(n):\n    return sum(i * i for i in range(1, n + 1))",
-     "def square_sum(n):\n    return sum(i * i for i in range(n))",
-     ["assert square_sum(3) == 14", "assert square_sum(1) == 1", "assert square_sum(0) == 0"]),
-    ("import math\ndef hyp(a, b):\n    return math.hypot(a, b)", "def hyp(a, b):\n    return a + b",
-     ["assert abs(hyp(3, 4) - 5.0) < 1e-9", "assert hyp(0, 0) == 0", "assert abs(hyp(5, 12) - 13) < 1e-9"]),
+    ("def gcd(a, b):\n    while b:\n        a, b = b, a % b\n    return a", ["assert gcd(12, 18) == 6", "assert gcd(7, 3) == 1", "assert gcd(10, 5) == 5"]),
+    ("def flatten(xss):\n    return [x for xs in xss for x in xs]", ["assert flatten([[1], [2, 3]]) == [1, 2, 3]", "assert flatten([]) == []", "assert flatten([[4]]) == [4]"]),
+    ("def square_sum(n):\n    return sum(i * i for i in range(1, n + 1))", ["assert square_sum(3) == 14", "assert square_sum(1) == 1", "assert square_sum(0) == 0"]),
+    ("import math\ndef hyp(a, b):\n    return math.hypot(a, b)", ["assert abs(hyp(3, 4) - 5.0) < 1e-9", "assert hyp(0, 0) == 0", "assert abs(hyp(5, 12) - 13) < 1e-9"]),
 ]
 
+HOSTILE = {
+    "sleep": "import time\ndef {name}(*args):\n    time.sleep(10 ** 6)",
+    "spin": "def {name}(*args):\n    while True:\n        pass",
+    "stall": "def {name}(*args):\n    return range(0, 10 ** 18, 2)",
+}
 
-def make_batch(n: int):
+
+def _name(solution: str) -> str:
+    return solution.split("def ", 1)[1].split("(", 1)[0]
+
+
+def make_batch(n_good: int, n_hostile: int, hostile: str):
     completions, tests = [], []
-    for i in range(n):
-        good, bad, t = PROBLEMS[i % len(PROBLEMS)]
-        code = good if (i // len(PROBLEMS)) % 2 == 0 else bad
+    for i in range(n_good + n_hostile):
+        solution, t = PROBLEMS[i % len(PROBLEMS)]
+        code = HOSTILE[hostile].format(name=_name(solution)) if i < n_hostile else solution
+        if hostile == "stall" and i < n_hostile:
+            t = [f"assert sum({_name(solution)}(1)) == 0"] + t[1:]
         completions.append(f"Solution:\n```python\n{code}\n```")
         tests.append(t)
     return completions, tests
 
 
+def measure(args) -> dict:
+    from dllm_trl.rewards.code import SandboxConfig, code_reward, sandbox_capabilities
+
+    cfg = SandboxConfig(timeout=args.timeout)
+    caps = sandbox_capabilities()
+    code_reward(*make_batch(2, 0, args.hostile), sandbox_config=cfg)  # warm-up
+    out = {"sandbox": f"fs={caps['fs']} uid_drop={caps['uid_drop']} netns={caps['netns']} seccomp={caps['seccomp']}",
+           "workers": cfg.n_workers(), "scenarios": {}}
+    for label, n_good, n_hostile in (("32 good", 32, 0), (f"8 hostile ({args.hostile}) + 24 good", 24, 8)):
+        completions, tests = make_batch(n_good, n_hostile, args.hostile)
+        times, rewards = [], []
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            rewards = code_reward(completions, tests=tests, sandbox_config=cfg)
+            times.append(time.perf_counter() - t0)
+        good_ok = sum(r == 1.0 for r in rewards[n_hostile:]) == n_good
+        hostile_zero = all(r == 0.0 for r in rewards[:n_hostile])
+        out["scenarios"][label] = {"per_s": len(completions) / statistics.median(times), "seconds": statistics.median(times),
+                                   "scores_right": good_ok and hostile_zero}
+    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--workers", type=int, default=None, help="concurrent completions (default: min(8, cpus))")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--timeout", type=float, default=5.0)
+    ap.add_argument("--baseline", default=None, help="another checkout (e.g. a git worktree of main) to run side by side")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=5.0, help="per-test budget (the SandboxConfig default)")
+    ap.add_argument("--hostile", choices=sorted(HOSTILE), default="sleep")
+    ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
 
-    cfg = SandboxConfig(timeout=args.timeout, workers=args.workers)
-    caps = sandbox_capabilities()
-    print(f"sandbox: fs={caps['fs']} uid_drop={caps['uid_drop']} netns={caps['netns']} seccomp={caps['seccomp']}")
-    completions, tests = make_batch(args.batch)
-    n_tests = sum(len(t) for t in tests)
-    code_reward(completions[:2], tests=tests[:2], sandbox_config=cfg)  # warm-up
-    times = []
-    rewards = []
-    for _ in range(args.repeats):
-        t0 = time.perf_counter()
-        rewards = code_reward(completions, tests=tests, sandbox_config=cfg)
-        times.append(time.perf_counter() - t0)
-    best, med = min(times), statistics.median(times)
-    print(
-        f"batch={args.batch} workers={cfg.n_workers()} cpus={os.cpu_count()} mean_reward={sum(rewards) / len(rewards):.3f}"
-    )
-    print(f"median {med:.2f}s per batch -> {args.batch / med:.1f} completions/s, {n_tests / med:.1f} tests/s "
-          f"(best {args.batch / best:.1f} completions/s)")
+    if args.json:
+        print(json.dumps(measure(args)))
+        return
+    runs = {}
+    if args.baseline:
+        env = {**os.environ, "PYTHONPATH": os.path.join(os.path.abspath(args.baseline), "src")}
+        cmd = [sys.executable, os.path.abspath(__file__), "--json", "--repeats", str(args.repeats),
+               "--timeout", str(args.timeout), "--hostile", args.hostile]
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True, cwd=args.baseline)
+        runs["baseline"] = json.loads(done.stdout.strip().splitlines()[-1])
+    runs["this checkout"] = measure(args)
+    names = list(runs)
+    print(f"cpus={os.cpu_count()} timeout={args.timeout}s repeats={args.repeats} (median)")
+    for name, run in runs.items():
+        print(f"  {name}: sandbox {run['sandbox']}, concurrent completions {run['workers']}, "
+              f"peak RSS {run['peak_rss_mb']:.0f} MiB")
+    header = "| batch | " + " | ".join(f"{n} (completions/s)" for n in names) + (" | ratio |" if len(names) == 2 else " |")
+    print(header)
+    print("|" + "---|" * (header.count("|") - 1))
+    for label in runs[names[-1]]["scenarios"]:
+        cells = []
+        for n in names:
+            sc = runs[n]["scenarios"][label]
+            cells.append(f"{sc['per_s']:.1f} ({sc['seconds']:.1f} s{'' if sc['scores_right'] else ', WRONG SCORES'})")
+        ratio = ""
+        if len(names) == 2:
+            ratio = f" {runs[names[1]]['scenarios'][label]['per_s'] / runs[names[0]]['scenarios'][label]['per_s']:.1f}x |"
+        print(f"| {label} | " + " | ".join(cells) + " |" + ratio)
 
 
 if __name__ == "__main__":

@@ -311,6 +311,11 @@ def stage_fastdllm(kind: str):
         print(f"\n### Fast-dLLM side by side: skipped — FASTDLLM_DIR={fastdllm_dir!r} does not hold Fast-dLLM's "
               "llada/generate.py (see benchmarks/gpu_wheels.sh)\n")
         return
+    try:
+        import einops  # noqa: F401  (Fast-dLLM's model code needs it; the GPU image has it)
+    except ImportError:
+        print("\n### Fast-dLLM side by side: skipped — Fast-dLLM's model code needs `einops` (pip install einops)\n")
+        return
     gpu = kind == GPU
     args = rollout_args(kind, "llada-8b" if gpu else "small")
     model = rollout.prepare(args)

@@ -5,13 +5,15 @@
 #
 #   bash benchmarks/gpu_suite.sh                   # on the GPU machine (installs .whl/ first if present)
 #   bash benchmarks/gpu_suite.sh --cpu-rehearsal   # every stage at toy shapes on this CPU, a few minutes
+#   bash benchmarks/gpu_suite.sh rldf qlora        # only these stages (e.g. to rerun one that failed)
 #
 # Prepare .whl/ and .fastdllm/ with benchmarks/gpu_wheels.sh. FASTDLLM_DIR (default .fastdllm/llada) is where
 # Fast-dLLM's llada/generate.py lives; without it that stage prints a line saying it was skipped.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REHEARSAL=""
-[[ "${1:-}" == "--cpu-rehearsal" ]] && REHEARSAL="--cpu-rehearsal"
+if [[ "${1:-}" == "--cpu-rehearsal" ]]; then REHEARSAL="--cpu-rehearsal"; shift; fi
+ONLY=" $* "
 OUT_DIR=${OUT:-outputs/gpu_suite}
 mkdir -p "$OUT_DIR"
 REPORT="$OUT_DIR/gpu_suite.md"
@@ -35,6 +37,7 @@ export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 
 stage() {  # stage NAME SECONDS: run it, keep whatever it printed, note a failure or the time limit
     local name=$1 budget=$2 start rc
+    [[ "$ONLY" == "  " || "$ONLY" == *" $name "* ]] || return 0
     start=$(date +%s)
     echo "=== $name (limit ${budget}s)" >>"$LOG"
     timeout --kill-after=10 "$budget" python3 benchmarks/gpu_suite.py "$name" $REHEARSAL >>"$REPORT" 2>>"$LOG"

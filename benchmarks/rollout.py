@@ -9,11 +9,11 @@ Two ways to run it:
 * ``--compare-main``: this checkout against main before the in-place cache (``--baseline``, commit 898cab5),
   side by side in one run; every measurement in a fresh process (``before_after.py``), interleaved repeats,
   medians; plus peak resident memory, the KV-cache bytes per step of both cache layouts and the bytes that
-  data-movement ops (copies, concatenations, gathers) write per step (counted at ``--count-batch``). ``--save FILE`` keeps every result as it
-  arrives and a rerun reuses them.
+  data-movement ops (copies, concatenations, gathers) write per step (counted at ``--count-batch``).
+  ``--save FILE`` keeps every result as it arrives and a rerun reuses them (``--repeats`` counts them).
 
     python benchmarks/rollout.py                                    # CPU: small LLaDA-shaped model, batch 1 and 8
-    python benchmarks/rollout.py --compare-main --repeats 3         # before/after table (CPU, ~1 h on 1 thread)
+    python benchmarks/rollout.py --compare-main --batch 1 --save runs/rollout.jsonl   # before/after (CPU, 1 thread)
     python benchmarks/rollout.py --shape llada-8b --device cuda --batch 1,8,32 --logit-std 25
 
 The default shape is LLaDA's layout at d 256 × 2 layers with the real vocabulary (126 464), prompt 128, gen
@@ -338,7 +338,8 @@ def compare_main(args):
     unmasking = args.unmasking.split(",")[0]
     caches = args.caches.split(",")
     batches = [int(b) for b in args.batch.split(",")]
-    plain = {k: v for k, v in vars(args).items() if k not in ("compare_main", "baseline", "timeout", "save", "batch")}
+    plain = {k: v for k, v in vars(args).items()  # what a measurement depends on (so saved results match)
+             if k not in ("compare_main", "baseline", "timeout", "save", "batch", "repeats", "count_batch")}
     specs = [dict(args=plain, batch=b, cache=c, unmasking=unmasking, count_bytes=b == args.count_batch)
              for b in batches for c in caches]
     load_before = os.getloadavg()

@@ -6,36 +6,35 @@ With no arguments it trains the toy addition model of ``dllm_trl.toy`` for two s
     python examples/dppo_mask_math.py --model_kind causal    # tiny random Qwen2 causal LM, same task
     python examples/dppo_mask_math.py --mask_direction ratio # DPPO-TopK-KL, the paper's baseline
 
-Real runs name a checkpoint and a dataset with ``prompt`` / ``answer`` columns (rewarded by the last
-``\\boxed{}``), and override the toy-sized defaults set below, e.g.::
+Real runs name a checkpoint and a math dataset (a preset such as ``math`` or ``gsm8k``, a Hub dataset or a local
+json/jsonl/parquet/csv file; rewarded by the last ``\\boxed{}``), and override the toy-sized defaults set below,
+e.g.::
 
     python examples/dppo_mask_math.py --model_name_or_path GSAI-ML/LLaDA-8B-Instruct --dtype bfloat16 \\
-        --dataset_name <math dataset> --max_completion_length 256 --block_length 32 --divergence_top_k 20 \\
+        --dataset_name math --max_completion_length 256 --block_length 32 --divergence_top_k 20 \\
         --max_steps 200 --per_device_train_batch_size 8 --learning_rate 1e-6 --bf16 true
+
+The final model is saved to ``--output_dir``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
-from datasets import load_dataset
 from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 from trl import ModelConfig, TrlParser, get_peft_config, get_quantization_config
 
-from dllm_trl.cli import check_trainable, load_model_and_tokenizer, model_init_kwargs, toy_training_defaults
+from dllm_trl.cli import (
+    check_report_backends,
+    check_trainable,
+    load_model_and_tokenizer,
+    model_init_kwargs,
+    save_trained_model,
+    toy_training_defaults,
+)
+from dllm_trl.data import DatasetArguments
 from dllm_trl.rewards import math_reward
 from dllm_trl.toy import build_toy_tokenizer, toy_dataset, toy_reward
 from dllm_trl.trainers import DPPOMaskConfig, DPPOMaskTrainer
-
-
-@dataclass
-class ExampleArguments:
-    dataset_name: str | None = field(
-        default=None, metadata={"help": "Hub dataset with 'prompt' and 'answer' columns (default: the toy task)."}
-    )
-    dataset_split: str = field(default="train", metadata={"help": "Split of dataset_name."})
-    train_size: int = field(default=64, metadata={"help": "Number of training prompts."})
 
 
 def toy_causal_model():
@@ -51,12 +50,13 @@ def toy_causal_model():
 
 
 def main():
-    parser = TrlParser((ExampleArguments, DPPOMaskConfig, ModelConfig))
+    parser = TrlParser((DatasetArguments, DPPOMaskConfig, ModelConfig))
     parser.set_defaults(
         **toy_training_defaults("outputs/dppo-mask-math", per_device_train_batch_size=8, learning_rate=1e-5,
                                 divergence_top_k=8)
     )
-    example, args, model_args = parser.parse_args_and_config()
+    data_args, args, model_args = parser.parse_args_and_config()
+    check_report_backends(args)
 
     check_trainable(model_args)
     if model_args.model_name_or_path:
@@ -70,11 +70,10 @@ def main():
                          "in memory: name a causal checkpoint with --model_name_or_path.")
     else:
         model, tokenizer = toy_causal_model()
-    if example.dataset_name:
-        dataset = load_dataset(example.dataset_name, split=example.dataset_split).select(range(example.train_size))
-        reward = math_reward
+    if data_args.dataset_name:
+        dataset, reward = data_args.load(default_source="math", tokenizer=tokenizer), math_reward
     else:
-        dataset, reward = toy_dataset("train", size=example.train_size), toy_reward
+        dataset, reward = toy_dataset("train", size=data_args.train_size), toy_reward
 
     trainer = DPPOMaskTrainer(
         model=model, reward_funcs=reward, args=args, train_dataset=dataset, processing_class=tokenizer,
@@ -83,6 +82,7 @@ def main():
     print(f"model kind: {trainer.model_kind}, mask: {args.mask_rule} / {args.divergence}, "
           f"K={args.divergence_top_k}, δ={args.divergence_threshold}")
     trainer.train()
+    save_trained_model(trainer, args)
     for entry in trainer.state.log_history:
         if "loss" in entry:
             print({k: round(v, 4) for k, v in entry.items() if k == "loss" or k == "reward" or k.startswith("dppo/")})

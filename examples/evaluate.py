@@ -15,7 +15,13 @@ LLaDA-8B-Instruct on the paper's benchmarks (AMC23 has no preset: pass a local f
 
 Dream-7B-Instruct: ``--model_name_or_path Dream-org/Dream-v0-Instruct-7B``. A model trained with
 ``rldf_math.py`` / ``rldf_code.py``: its output folder (a LoRA adapter folder loads on top of its base model);
-``--load_in_4bit`` loads the weights in 4 bits. Same as ``python -m dllm_trl.evaluation``.
+``--load_in_4bit`` loads the weights in 4 bits. Your checkpoint on your own test file, never contacting the Hub,
+with pass@1 and pass@8 from 8 samples per problem at temperature 0.6::
+
+    HF_HUB_OFFLINE=1 python examples/evaluate.py --model_name_or_path outputs/rldf-math --datasets my_test.jsonl \
+        --gen_lengths 256 --unmasking dynamic --num_samples 8 --temperature 0.6 --pass_at_k 1 8
+
+Same as ``python -m dllm_trl.evaluation``.
 """
 
 import os

@@ -46,7 +46,7 @@ from __future__ import annotations
 from trl import ModelConfig, TrlParser, get_peft_config
 
 from dllm_trl import RLDFConfig, RLDFTrainer
-from dllm_trl.cli import load_model_and_tokenizer, toy_training_defaults
+from dllm_trl.cli import check_report_backends, load_model_and_tokenizer, save_trained_model, toy_training_defaults
 from dllm_trl.data import DatasetArguments
 from dllm_trl.rewards import math_reward
 from dllm_trl.toy import toy_dataset, toy_reward
@@ -56,6 +56,7 @@ def main():
     parser = TrlParser((DatasetArguments, RLDFConfig, ModelConfig))
     parser.set_defaults(**toy_training_defaults("outputs/rldf-math"))
     data_args, training_args, model_args = parser.parse_args_and_config()
+    check_report_backends(training_args)
 
     model, tokenizer = load_model_and_tokenizer(model_args)
     if model_args.model_name_or_path is None and data_args.dataset_name is None:
@@ -72,8 +73,7 @@ def main():
         peft_config=get_peft_config(model_args),
     )
     trainer.train()
-    if training_args.save_strategy != "no":
-        trainer.save_model(training_args.output_dir)
+    save_trained_model(trainer, training_args)
     rewards = [round(entry["reward"], 3) for entry in trainer.state.log_history if "reward" in entry]
     print(f"mean reward per logged step: {rewards}")
 

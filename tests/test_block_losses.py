@@ -38,6 +38,7 @@ from .test_rldf_loss import (
     K,
     VOCAB,
     _assert_grads_close,
+    _assert_target_mask,
     _backward,
     _grads,
     add_old_and_ref,
@@ -117,8 +118,9 @@ def block_batch(tokenizer, seed):
     return batch
 
 
-def _configure(trainer, *, norm="token", c=0.2, beta=0.0, backward_mode="per_step"):
+def _configure(trainer, *, norm="token", c=0.2, beta=0.0, backward_mode="per_step", targets_from_loss=True):
     trainer.args.backward_mode = backward_mode
+    trainer.defer_clean_targets = targets_from_loss
     trainer.args.loss_normalization = norm
     trainer.args.clean_target_threshold = c
     trainer.beta = beta
@@ -291,13 +293,18 @@ def test_block_targets_exclude_later_blocks(tokenizer):
 # --------------------------------------------------------------------------------------------------
 # 2. loss and gradients: packed forwards = each state scored separately
 # --------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("objective, norm, beta, backward_mode", [
-    ("reinforce", "token", 0.0, "per_step"),
-    ("ppo", "sample", 0.05, "per_step"),
-    ("ppo", "token", 0.05, "per_micro_batch"),
-    ("reinforce", "sample", 0.05, "per_micro_batch"),
+@pytest.mark.parametrize("objective, norm, beta, backward_mode, targets_from_loss", [
+    ("reinforce", "token", 0.0, "per_step", True),
+    ("reinforce", "token", 0.0, "per_step", False),
+    ("ppo", "sample", 0.05, "per_step", True),
+    ("ppo", "token", 0.05, "per_micro_batch", True),
+    ("reinforce", "sample", 0.05, "per_micro_batch", True),
+    ("reinforce", "sample", 0.05, "per_micro_batch", False),
 ])
-def test_packed_loss_and_grads_match_bruteforce(trainer, tokenizer, objective, norm, beta, backward_mode):
+def test_packed_loss_and_grads_match_bruteforce(trainer, tokenizer, objective, norm, beta, backward_mode,
+                                                targets_from_loss):
+    """On-policy REINFORCE fixes the clean targets in the packed loss forward itself (or, ``targets_from_loss``
+    False, in a separate packed π_old pass); PPO reads them from π_old."""
     ppo = objective == "ppo"
     model = trainer.model
     batch = block_batch(tokenizer, seed=11)
@@ -311,15 +318,17 @@ def test_packed_loss_and_grads_match_bruteforce(trainer, tokenizer, objective, n
     expected = reference_loss(batch, current, targets, ppo=ppo, beta=beta, norm=norm)
     expected_grads = _grads(expected, trainable_params(model))
 
-    _configure(trainer, norm=norm, c=c, beta=beta, backward_mode=backward_mode)
+    _configure(trainer, norm=norm, c=c, beta=beta, backward_mode=backward_mode, targets_from_loss=targets_from_loss)
     inputs = prepare_batch(trainer, batch)
-    for (b, j), target in targets.items():
-        assert inputs["target_mask"][b, j].nonzero().squeeze(1).tolist() == target
+    assert ("targets_pending" in inputs) == (targets_from_loss and not ppo)
+    if "targets_pending" not in inputs:
+        _assert_target_mask(inputs, targets)
     calls, handle = count_forwards(model)
     try:
         loss, grads = _backward(trainer, inputs)
     finally:
         handle.remove()
+    _assert_target_mask(inputs, targets)  # pending targets are written back by the loss forward
     assert len(calls) == 1, f"{len(calls)} forwards: all {K} sampled states should share one packed forward"
     torch.testing.assert_close(loss, expected.detach(), atol=1e-6, rtol=1e-5)
     _assert_grads_close(grads, expected_grads)

@@ -507,3 +507,39 @@ def test_binary_tail_is_accurate_in_float32_near_one():
     m, p = mu_a.double().exp(), pi_a.double().exp()
     ref = m * (m / p).log() + (1 - m) * ((1 - m) / (1 - p)).log()
     torch.testing.assert_close(dm.topk_kl(view).double(), ref, rtol=1e-3, atol=1e-10)
+
+
+@pytest.mark.parametrize("excluded", [None, 3])
+def test_support_log_probs_match_the_full_log_softmax_in_chunks(excluded):
+    """Chunked, recomputed view at the support = gather from the full log-softmax (values and gradients)."""
+    from dllm_trl.losses.divergence_masks import support_log_probs
+
+    torch.manual_seed(0)
+    n, d, vocab, k, temperature = 37, 8, 50, 5, 0.7
+    head = torch.nn.Linear(d, vocab, bias=False, dtype=torch.float64)
+    hidden = torch.randn(n, d, dtype=torch.float64, requires_grad=True)
+    ids = torch.randint(0, vocab, (n, k))
+    ids[0, -1] = -1  # padding slot
+    action = torch.randint(0, vocab, (n,))
+    use_own = torch.rand(n) < 0.5
+    view = support_log_probs(hidden, head, ids, action, temperature=temperature, excluded_id=excluded, own_topk=k,
+                             use_own=use_own, chunk_elements=4 * vocab)  # 10 chunks of 4 positions
+    logits = head(hidden)
+    scaled = logits / temperature
+    if excluded is not None:
+        scaled = scaled.index_fill(-1, torch.tensor([excluded]), float("-inf"))
+    logps = scaled.log_softmax(-1)
+    own_values, own_ids = logps.detach().topk(k, dim=-1)
+    slots = torch.cat([torch.where(use_own[:, None], own_ids, ids).clamp(min=0), action[:, None]], dim=-1)
+    expected = logps.gather(-1, slots)
+    raw = logits.log_softmax(-1).gather(-1, action[:, None]).squeeze(-1)
+    torch.testing.assert_close(view.support, expected.float(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(view.raw_action, raw.float(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(view.own_logps, own_values.float(), rtol=1e-6, atol=1e-6)
+    assert torch.equal(view.own_ids, own_ids)
+    weights = torch.randn(n, k + 1, dtype=torch.float64)
+    got = torch.autograd.grad((view.support.double() * weights).sum() + view.raw_action.double().sum(),
+                              [hidden, head.weight])
+    want = torch.autograd.grad((expected * weights).sum() + raw.sum(), [hidden, head.weight])
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)

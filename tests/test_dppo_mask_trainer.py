@@ -9,6 +9,7 @@ import torch
 from peft import LoraConfig
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from dllm_trl.losses.rldf import k3_kl
 from dllm_trl.models import build_tiny_llada
 from dllm_trl.trainers import DPPOMaskConfig, DPPOMaskTrainer
 from dllm_trl.trainers.dppo_mask_trainer import appended_logits_processor, detect_model_kind
@@ -333,6 +334,8 @@ def test_diffusion_off_policy_masks_follow_the_rule(tmp_path, source):
         assert tokens["from_rollout"].any() and (~tokens["from_rollout"]).any()
     assert check_masks_follow_rule(trainer, vocab_size=len(make_char_tokenizer()) - 1) > 0
     logs = check_logs(trainer)
+    # The mask replaces PPO clipping and there is no entropy term: neither is logged (as zeros) for DPPO.
+    assert not any(key.startswith("clip_ratio/") or key == "entropy" for entry in logs for key in entry)
     if source == "old":
         assert all(entry["dppo/mu_from_old"] == 1.0 for entry in logs)
 
@@ -360,3 +363,56 @@ def test_causal_checkpoint_resumes_exactly(tmp_path, beta):
     assert resumed.state.global_step == 4
     for name, value in snapshot(resumed.model).items():
         torch.testing.assert_close(value, final[name], rtol=0, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("iterations", [1, 2])
+def test_diffusion_step_loss_matches_a_full_vocabulary_reference(tmp_path, iterations):
+    """The loss reads the policy only at the targets, chunk by chunk: its value and gradients equal a plain reference
+    that builds the full-vocabulary log-softmax of every state (the sampler's distribution: logits / T, mask token
+    excluded) and gathers the support from it; on-policy (1 iteration) μ of the other targets is π's own top-K."""
+    from dllm_trl.losses.rldf import noisy_state
+
+    trainer = make_trainer(tmp_path, tiny_diffusion(), reward=digit_reward, max_steps=1, temperature=0.8,
+                           num_iterations=iterations, beta=0.05, clean_target_threshold=0.05, bf16=False)
+    trainer.train()
+    inputs = trainer._buffered_inputs[0]
+    assert ("old_topk_ids" in inputs) == (iterations > 1)
+    model, top_k = trainer.model, trainer.args.divergence_top_k
+    params = [p for p in model.parameters() if p.requires_grad]
+    expected = torch.zeros(())
+    normalizer = trainer._loss_normalizer(inputs, "train")
+    sampled, prompt = inputs["sampled_steps"], inputs["rollout_prompt_ids"]
+    for b, j in (sampled != -1).nonzero().tolist():
+        t = sampled[b, j]
+        state = noisy_state(inputs["rollout_ids"][b : b + 1], inputs["commit_step"][b : b + 1], t.view(1),
+                            trainer._mask_token_id)
+        ids = torch.cat([prompt[b : b + 1], state], dim=1)
+        mask = torch.cat([inputs["rollout_prompt_mask"][b : b + 1], torch.ones_like(state)], dim=1)
+        logits = model(input_ids=ids, attention_mask=mask).logits[0, prompt.shape[1]:].float()
+        scaled = (logits / trainer._score_temperature).index_fill(-1, torch.tensor([trainer._mask_token_id]),
+                                                                   float("-inf"))
+        logp, raw = scaled.log_softmax(-1), logits.log_softmax(-1)
+        for g in inputs["target_mask"][b, j].nonzero().squeeze(1).tolist():
+            a = inputs["rollout_ids"][b, g]
+            if inputs["commit_step"][b, g] == t:  # committed at t: the rollout's record (behaviour_source="rollout")
+                mu_ids, mu_logps = inputs["rollout_topk_ids"][b, g, :top_k], inputs["rollout_topk_logps"][b, g, :top_k]
+                mu_a = inputs["rollout_commit_prob"][b, g].log()
+            elif "old_topk_ids" in inputs:
+                mu_ids, mu_logps = inputs["old_topk_ids"][b, j, g].long(), inputs["old_topk_logps"][b, j, g]
+                mu_a = inputs["old_behaviour_logps"][b, j, g]
+            else:
+                mu_logps, mu_ids = logp[g].detach().topk(top_k)
+                mu_a = logp[g, a].detach()
+            support = logp[g].gather(-1, torch.cat([mu_ids.clamp(min=0), a.view(1)]))
+            terms, _ = trainer._masked_terms(support[None], mu_ids[None], mu_logps[None], a.view(1), mu_a.view(1),
+                                             inputs["advantages"][b].view(1), trainer._vocab_size)
+            old = inputs["old_per_token_logps"][b, j, g] if "old_per_token_logps" in inputs else raw[g, a].detach()
+            kl = trainer.beta * k3_kl(raw[g, a], inputs["ref_per_token_logps"][b, j, g]) * (raw[g, a] - old).exp()
+            expected = expected + (terms[0] + kl) * normalizer[b, j]
+    want = torch.autograd.grad(expected, params)
+    trainer.args.backward_mode = "per_micro_batch"  # one graph, so that autograd.grad sees the whole loss
+    loss = trainer._compute_loss(model, inputs)
+    got = torch.autograd.grad(loss, params)
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-6)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)

@@ -2,23 +2,32 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
+import os
+import subprocess
+import sys
 
 import pytest
+import torch
 from trl import ModelConfig
 
+from dllm_trl import evaluation
+
 from dllm_trl.data import prepare_dataset, sample_dataset
+from dllm_trl.cli import load_model_and_tokenizer
 from dllm_trl.evaluation import (
     EvalTask,
     TaskAccuracy,
     evaluate_model,
     generation_config,
-    load_model_and_tokenizer,
     main,
     markdown_tables,
+    pass_at_k,
 )
 from dllm_trl.rewards import code_reward, math_reward
-from dllm_trl.toy import evaluate_accuracy, load_toy, toy_dataset, toy_generation_config, toy_reward
+from dllm_trl.toy import evaluate_accuracy, load_toy, toy_assets_dir, toy_dataset, toy_generation_config, toy_reward
 
 
 @pytest.fixture(scope="module")
@@ -36,9 +45,51 @@ def test_generation_config_per_cell():
 
 def test_task_accuracy_metric():
     metric = TaskAccuracy(keep_in_memory=True)
-    metric.add_batch(rewards=[1.0, 0.0, 0.5])
-    metric.add_batch(rewards=[1.0])
+    metric.add_batch(rewards=[[1.0], [0.0], [0.5]])
+    metric.add_batch(rewards=[[1.0]])
     assert metric.compute() == {"accuracy": 0.5, "mean_reward": 0.625}
+    metric.add_batch(rewards=[[1.0, 0.0, 0.0], [0.0, 0.5, 0.0]])  # two problems, three samples each
+    expected = {"accuracy": 1 / 6, "mean_reward": 1.5 / 6, "pass@1": 1 / 6, "pass@3": 0.5}
+    assert metric.compute(ks=[1, 3]) == pytest.approx(expected)
+
+
+def brute_force_pass_at_k(num_samples: int, num_correct: int, k: int) -> float:
+    """Fraction of the k-subsets of the samples (the first num_correct of them correct) holding a correct one."""
+    subsets = list(itertools.combinations(range(num_samples), k))
+    return sum(any(i < num_correct for i in subset) for subset in subsets) / len(subsets)
+
+
+def test_pass_at_k_matches_brute_force():
+    for n in range(1, 9):
+        for c in range(n + 1):
+            for k in range(1, n + 1):
+                assert pass_at_k(n, c, k) == pytest.approx(brute_force_pass_at_k(n, c, k), abs=1e-12), (n, c, k)
+    assert pass_at_k(200, 3, 100) == pytest.approx(1 - math.comb(197, 100) / math.comb(200, 100), rel=1e-12)
+    with pytest.raises(ValueError, match="k"):
+        pass_at_k(4, 1, 5)
+
+
+def test_sampled_cells_report_pass_at_k(toy):
+    model, tokenizer = toy
+    torch.manual_seed(0)
+    results = evaluate_model(
+        model, tokenizer, [EvalTask("toy", toy_dataset("test", size=12), toy_reward)], gen_lengths=[8],
+        unmasking=["dynamic"], block_length=4, batch_size=16, progress=False, num_samples=4, temperature=1.0,
+        pass_at=[1, 2, 4],
+    )
+    (cell,) = results["cells"]
+    assert cell["num_problems"] == 12 and cell["num_samples"] == 4
+    records = results["completions"]
+    assert sorted((r["index"], r["sample"]) for r in records) == [(i, s) for i in range(12) for s in range(4)]
+    correct = [sum(r["reward"] >= 1 for r in records if r["index"] == i) for i in range(12)]
+    for k in (1, 2, 4):
+        expected = sum(brute_force_pass_at_k(4, c, k) for c in correct) / 12
+        assert cell[f"pass@{k}"] == pytest.approx(expected)
+    assert cell["pass@1"] == pytest.approx(cell["accuracy"])
+    assert 0 < cell["pass@1"] < cell["pass@4"] < 1  # the toy solves some problems some of the time
+    assert len({r["completion"] for r in records if r["index"] == 0}) > 1, "samples differ at temperature 1"
+    with pytest.raises(ValueError, match="temperature"):
+        evaluate_model(model, tokenizer, [], num_samples=4, temperature=0.0)
 
 
 def test_eval_task_scores_with_the_dataset_columns():
@@ -70,19 +121,77 @@ def test_toy_cells_match_the_toy_evaluator(toy):
     assert [r["completion"] for r in sorted(scored, key=lambda r: r["index"])] == reference["completions"]
 
 
-def test_markdown_tables():
-    cells = [
-        dict(dataset=d, gen_length=n, unmasking=m, accuracy=a, mean_reward=a, num_problems=4, tokens_per_second=10.0,
-             nfe=8, nfe_per_problem=8.0, seconds=1.0)
+def table_cells(**scores):
+    return [
+        dict(dataset=d, gen_length=n, unmasking=m, accuracy=a, mean_reward=a, num_problems=4, num_samples=1,
+             tokens_per_second=10.0, nfe=8, nfe_per_problem=8.0, seconds=1.0, **scores)
         for d, n, m, a in [("gsm8k", 128, "dynamic", 0.5), ("gsm8k", 256, "dynamic", 0.75),
                            ("gsm8k", 128, "static", 0.25)]
     ]
-    table = markdown_tables(cells)
-    lines = table.splitlines()
-    assert lines[0] == "| dataset | unmasking | 128 | 256 |"
-    assert lines[2] == "| gsm8k | dynamic | 50.0 | 75.0 |"
-    assert lines[3] == "| gsm8k | static | 25.0 | – |"
-    assert "| gsm8k | dynamic | 256 | 75.0 | 0.750 | 4 | 10.0 | 8.0 | 1.0 |" in lines
+
+
+def test_markdown_tables():
+    lines = markdown_tables(table_cells()).splitlines()
+    assert lines[0] == "| dataset | unmasking | score | 128 | 256 |"
+    assert lines[2] == "| gsm8k | dynamic | accuracy | 50.0 | 75.0 |"
+    assert lines[3] == "| gsm8k | static | accuracy | 25.0 | – |"
+    assert "| gsm8k | dynamic | 256 | 75.0 | 0.750 | 4 | 1 | 10.0 | 8.0 | 1.0 |" in lines
+    sampled = markdown_tables(table_cells(**{"pass@1": 0.5, "pass@4": 0.9})).splitlines()
+    assert sampled[2:4] == ["| gsm8k | dynamic | pass@1 | 50.0 | 50.0 |", "| gsm8k | dynamic | pass@4 | 90.0 | 90.0 |"]
+    assert "| gsm8k | static | 128 | 25.0 | 50.0 | 90.0 | 0.250 | 4 | 1 | 10.0 | 8.0 | 1.0 |" in sampled
+
+
+def test_results_are_written_before_the_plot(tmp_path, monkeypatch):
+    def failing_plot(cells, path):
+        raise RuntimeError("no display")
+
+    monkeypatch.setattr(evaluation, "plot_results", failing_plot)
+    results = {"cells": table_cells(), "completions": [{"completion": "1", "reward": 0.0}]}
+    with pytest.raises(RuntimeError, match="no display"):
+        evaluation.write_results(results, str(tmp_path), {"model": "toy"})
+    assert json.loads((tmp_path / "results.json").read_text())["cells"] == results["cells"]
+    assert (tmp_path / "results.md").read_text() == markdown_tables(results["cells"])
+    assert (tmp_path / "completions.jsonl").read_text() == '{"completion": "1", "reward": 0.0}\n'
+
+
+def test_duplicate_lengths_and_modes_are_evaluated_once(tmp_path, toy):
+    result = main(["--num_problems", "8", "--gen_lengths", "8", "8", "4", "8", "--unmasking", "dynamic", "dynamic",
+                   "--output_dir", str(tmp_path)])
+    assert [(c["gen_length"], c["unmasking"]) for c in result["cells"]] == [(8, "dynamic"), (4, "dynamic")]
+    assert (tmp_path / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def run_cli(args: list[str], cwd, **env) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **env}
+    return subprocess.run([sys.executable, "-m", "dllm_trl.evaluation", *args], cwd=cwd, env=environment,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_cli_on_a_local_checkpoint_with_local_files_offline(tmp_path, toy):
+    """A saved checkpoint and a local file, with HF_HUB_OFFLINE=1 outside any git checkout: nothing spurious."""
+    model, tokenizer = toy
+    model.save_pretrained(tmp_path / "checkpoint")
+    tokenizer.save_pretrained(tmp_path / "checkpoint")
+    toy_dataset("test", size=8).to_json(str(tmp_path / "toy_test.jsonl"))
+    done = run_cli(["--model_name_or_path", str(tmp_path / "checkpoint"), "--datasets", "toy_test.jsonl",
+                    "--dataset_layout", "prepared_math", "--gen_lengths", "8", "--unmasking", "dynamic",
+                    "--block_length", "4", "--output_dir", "eval"], tmp_path, HF_HUB_OFFLINE="1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "| toy_test | dynamic | accuracy |" in done.stdout
+    assert "fatal" not in done.stderr and "Warning" not in done.stderr, done.stderr[-3000:]
+    saved = json.loads((tmp_path / "eval" / "results.json").read_text())
+    assert saved["settings"]["model"] == str(tmp_path / "checkpoint")
+    assert saved["_dllm_trl_commit"] is None or len(saved["_dllm_trl_commit"]) == 40  # a clone records its commit
+
+
+def test_cli_offline_hub_dataset_fails_fast_with_a_clear_message(tmp_path):
+    done = run_cli(["--model_name_or_path", str(toy_assets_dir()), "--datasets", "gsm8k"], tmp_path,
+                   HF_HUB_OFFLINE="1")
+    assert done.returncode == 2
+    message = done.stderr.strip().splitlines()[-1]
+    assert message.startswith("error: Dataset 'gsm8k' (Hub dataset 'openai/gsm8k')") and "HF_HUB_OFFLINE" in message
+    assert "local" in message and "Traceback" not in done.stderr
+    assert "Loading weights" not in done.stderr, "the data is checked before the model loads"
 
 
 def test_cli_writes_json_markdown_plot_and_completions(tmp_path):
@@ -91,10 +200,12 @@ def test_cli_writes_json_markdown_plot_and_completions(tmp_path):
         fixtures[layout] = tmp_path / f"{layout}_fixture.jsonl"
         sample_dataset(layout).to_json(str(fixtures[layout]))
     out = tmp_path / "eval"
-    result = main([
-        "--datasets", "toy", str(fixtures["gsm8k"]), str(fixtures["mbpp"]), "--num_problems", "16",
-        "--gen_lengths", "4", "8", "--unmasking", "dynamic", "static", "--batch_size", "8", "--output_dir", str(out),
-    ])
+    with pytest.warns(UserWarning, match="max_position_embeddings=64"):  # GSM8K/MBPP prompts: longer than the toy's
+        result = main([
+            "--datasets", "toy", str(fixtures["gsm8k"]), str(fixtures["mbpp"]), "--num_problems", "16",
+            "--gen_lengths", "4", "8", "--unmasking", "dynamic", "static", "--batch_size", "8", "--output_dir",
+            str(out),
+        ])
     saved = json.loads((out / "results.json").read_text())
     assert len(saved["cells"]) == 3 * 2 * 2 and saved["settings"]["gen_lengths"] == [4, 8]
     assert "_timestamp" in saved and saved["settings"]["model"] == "toy"
@@ -103,7 +214,7 @@ def test_cli_writes_json_markdown_plot_and_completions(tmp_path):
     # The toy model only writes digits: no box, no code block.
     assert all(c["accuracy"] == 0.0 for c in saved["cells"][4:])
     markdown = (out / "results.md").read_text()
-    assert "| dataset | unmasking | 4 | 8 |" in markdown and "| mbpp_fixture | static |" in markdown
+    assert "| dataset | unmasking | score | 4 | 8 |" in markdown and "| mbpp_fixture | static |" in markdown
     assert (out / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     records = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
     assert len(records) == 4 * (16 + 4 + 4)

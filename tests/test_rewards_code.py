@@ -13,6 +13,8 @@ from dllm_trl.rewards import code_reward, extract_python_block
 from dllm_trl.rewards._sandbox_codec import CodecError, decode_value, encode_value
 from dllm_trl.rewards.code import SandboxConfig, make_code_reward, run_code_tests, sandbox_capabilities
 
+from .code_program_table import HOSTILE, LEGIT, LIMITATIONS
+
 pytestmark = pytest.mark.timeout(180)
 
 IS_ROOT = os.geteuid() == 0
@@ -122,6 +124,113 @@ def test_generators_and_exceptions_semantics():
         config=FAST,
     )
     assert res.passed == 3, res.tests
+
+
+# ----------------------------------------------------------------------------- the program table
+def test_program_table_sizes():
+    assert len(LEGIT) >= 60 and len(HOSTILE) >= 60
+    assert len({n for n, _, _ in LEGIT + HOSTILE}) == len(LEGIT) + len(HOSTILE)
+
+
+def test_legitimate_programs_score_one():
+    """Programs plain CPython passes: classes, dataclasses, namedtuples, Fraction / Decimal / dates,
+    itertools objects, dict views, in-place mutation, functions as arguments, imported or
+    walrus-defined names, builtin-named functions under test."""
+    rewards = code_reward([block(p) for _, p, _ in LEGIT], tests=[t for _, _, t in LEGIT], sandbox_config=FAST)
+    wrong = {name: r for (name, _, _), r in zip(LEGIT, rewards) if r != 1.0}
+    assert not wrong, wrong
+
+
+def test_hostile_programs_score_zero():
+    """Wrong programs dressed up: builtin-named functions, always-equal values, truthy objects,
+    judge stalls on huge ranges / exponents, exits, forged frames. Each is worth 0."""
+    cfg = SandboxConfig(timeout=1.0, memory_mb=512)
+    t0 = time.monotonic()
+    rewards = code_reward([block(p) for _, p, _ in HOSTILE], tests=[t for _, _, t in HOSTILE], sandbox_config=cfg)
+    wrong = {name: r for (name, _, _), r in zip(HOSTILE, rewards) if r != 0.0}
+    assert not wrong, wrong
+    assert time.monotonic() - t0 < 60  # every stall was cut at its own test's budget
+
+
+def test_documented_limitations_hold():
+    """What the sandbox does where plain CPython would pass (docs/rewards.md lists each)."""
+    rewards = code_reward([block(p) for _, p, _, _ in LIMITATIONS], tests=[t for _, _, t, _ in LIMITATIONS],
+                          sandbox_config=FAST)
+    assert {name: r for (name, _, _, _), r in zip(LIMITATIONS, rewards)} == {name: v for name, _, _, v in LIMITATIONS}
+
+
+def test_judge_stall_fails_only_its_own_test():
+    """``sum(range(10**18))`` runs in C in the judge, where the alarm cannot interrupt it: the
+    caller kills that judge at the test's deadline and a fresh judge runs the remaining tests."""
+    prog = "def evens(n):\n    return range(0, 10 ** 18, 2)\ndef ok():\n    return 1\n"
+    res = run_code_tests(prog, ["assert ok() == 1", "assert sum(evens(10)) == 20", "assert ok() == 1"],
+                         config=SandboxConfig(timeout=1.0))
+    assert [t["passed"] for t in res.tests] == [True, False, True], res.tests
+    assert res.error is None and "timeout" in res.tests[1]["err"]
+    # set(...) of it: the late alarm must not escape as a judge error
+    res = run_code_tests(prog, ["assert set(evens(10)) == {0, 2, 4, 6, 8}", "assert ok() == 1", "assert ok() == 1"],
+                         config=SandboxConfig(timeout=1.0))
+    assert [t["passed"] for t in res.tests] == [False, True, True] and res.error is None, (res.tests, res.error)
+
+
+def test_forged_replies_written_ahead_do_not_count():
+    # request ids are random: a reply cannot be written before the request is read
+    prog = (
+        "import os, struct, json\n"
+        "def f(x):\n"
+        "    for rid in range(1, 8):\n"
+        "        m = json.dumps({'k': 'ret', 'id': rid, 'v': 4, 'mut': []}).encode()\n"
+        "        for fd in range(3, 32):\n"
+        "            try:\n"
+        "                os.write(fd, struct.pack('>I', len(m)) + m)\n"
+        "            except OSError:\n"
+        "                pass\n"
+        "    os._exit(0)\n"
+    )
+    assert run_code_tests(prog, ["assert f(2) == 4", "assert f(3) == 4"], config=FAST).passed == 0
+
+
+def test_site_packages_are_not_importable():
+    import sysconfig
+
+    purelib = sysconfig.get_paths(vars={"base": os.sys.base_prefix, "platbase": os.sys.base_prefix})["purelib"]
+    prog = (
+        "import os, sys\n"
+        "def probe(path):\n"
+        "    sys.path.append(path)\n"
+        "    try:\n"
+        "        listing = os.listdir(path)\n"
+        "    except OSError:\n"
+        "        listing = []\n"
+        "    return listing\n"
+    )
+    res = run_code_tests(prog, [f"assert probe({purelib!r}) == []"], config=FAST)
+    if sandbox_capabilities().get("fs") == "chroot":
+        assert res.passed == 1, res.tests
+    else:  # without a mount namespace the promise is the weaker one in the module docstring
+        assert res.total == 1
+
+
+def test_tests_column_convention_is_unambiguous():
+    c = block("def f():\n    return 1")
+    flat = ["assert f() == 1", "assert f() == 2", "assert f() == 1"]
+    for n in (2, 3):
+        with pytest.raises(ValueError, match="tests"):
+            code_reward([c] * n, tests=flat, sandbox_config=FAST)
+    assert code_reward([c] * 3, tests=[flat] * 3, sandbox_config=FAST) == [pytest.approx(2 / 3)] * 3
+    assert code_reward([c] * 3, tests=[[t] for t in flat], sandbox_config=FAST) == [1.0, 0.0, 1.0]
+    with pytest.raises(ValueError, match="test_list"):
+        code_reward([c] * 2, test_list=[[flat[0]]] * 3, sandbox_config=FAST)
+
+
+def test_sleepers_do_not_delay_their_neighbours():
+    """The batch runs at once: hostile sleepers use their own budget; the good completions of the
+    same batch are scored normally (throughput is measured in benchmarks/code_reward.py)."""
+    sleeper = block("import time\ndef f(x):\n    time.sleep(60)")
+    good = block("def f(x):\n    return x * x")
+    rewards = code_reward([sleeper, good] * 4, tests=[["assert f(3) == 9"]] * 8,
+                          sandbox_config=SandboxConfig(timeout=1.0))
+    assert rewards == [0.0, 1.0] * 4
 
 
 # ----------------------------------------------------------------------------- HumanEval

@@ -99,8 +99,9 @@ def trainer(request):
     return request.getfixturevalue(f"{request.param}_trainer")
 
 
-def _configure(trainer, *, norm="token", c=0.2, beta=0.0, backward_mode="per_step"):
+def _configure(trainer, *, norm="token", c=0.2, beta=0.0, backward_mode="per_step", targets_from_loss=True):
     trainer.args.backward_mode = backward_mode
+    trainer.defer_clean_targets = targets_from_loss
     trainer.args.loss_normalization = norm
     trainer.args.clean_target_threshold = c
     trainer.beta = beta
@@ -136,6 +137,8 @@ def _backward(trainer, inputs):
     loss = trainer._compute_loss(trainer.model, inputs)
     if torch.is_grad_enabled():
         trainer.accelerator.backward(loss)
+        if trainer._pending_token_norm:  # what training_step does after the last micro-batch's backward
+            loss = trainer._finish_pending_normalization(trainer.model, loss.detach())
     grads = [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in params]
     for p in params:
         p.grad = None
@@ -273,6 +276,24 @@ def reference_state_logps(model, batch) -> dict:
     return out
 
 
+def reference_state_entropies(model, batch) -> dict:
+    """{(b, j): [entropy of π(· | q, o_t) at completion position i]}, from the same plain forward as the log-probs."""
+    mask_id = model.config.mask_token_id
+    shift = 1 if model.config.diffusion_logit_shift else 0
+    P = batch["rollout_prompt_ids"].shape[1]
+    out = {}
+    for b in range(batch["rollout_ids"].shape[0]):
+        for j, t in enumerate(batch["sampled_steps"][b].tolist()):
+            if t == INVALID_STEP:
+                continue
+            o_t = torch.where(batch["commit_step"][b] >= t, mask_id, batch["rollout_ids"][b])
+            ids = torch.cat([batch["rollout_prompt_ids"][b], o_t]).unsqueeze(0)
+            mask = torch.cat([batch["rollout_prompt_mask"][b], torch.ones(GEN, dtype=torch.long)]).unsqueeze(0)
+            logp = model(input_ids=ids, attention_mask=mask).logits[0, P - shift : P - shift + GEN].float().log_softmax(-1)
+            out[b, j] = -(logp.exp() * logp).sum(-1)
+    return out
+
+
 def reference_targets(batch, current, c: float, ppo: bool) -> dict:
     """{(b, j): sorted Ô_t} with Ô_t = (I_t ∪ {i : step > t, p_i ≥ c}) ∩ valid (p: detached current / old)."""
     targets = {}
@@ -287,12 +308,15 @@ def reference_targets(batch, current, c: float, ppo: bool) -> dict:
     return targets
 
 
-def reference_loss(batch, current, targets, *, ppo: bool, beta: float, norm: str, train: bool = True):
+def reference_loss(batch, current, targets, *, ppo: bool, beta: float, norm: str, train: bool = True,
+                   delta: float | None = None, bias_kl: bool = False, entropy_coef: float = 0.0, entropies=None):
     """Eq. 10 ("sample") or one mean over all target tokens ("token").
 
     In training a micro-batch is one of ``ACCUM`` accumulated ones: "sample" divides by ``ACCUM`` (the mean over
     completions spans the micro-batches); "token" divides by the target count of the generation batch, which
-    here is this batch (``steps_per_generation = ACCUM``).
+    here is this batch (``steps_per_generation = ACCUM``). TRL's terms, as TRL writes them: ``delta`` caps the
+    unclipped ratio, ``bias_kl`` weights the k3 KL by π_θ/π_old (π_old = π_θ detached on-policy), ``entropy_coef``
+    subtracts that multiple of the token's entropy (``entropies`` as :func:`reference_state_entropies` gives them).
     """
     terms_per_step = {}
     for (b, j), logps in current.items():
@@ -300,14 +324,19 @@ def reference_loss(batch, current, targets, *, ppo: bool, beta: float, norm: str
         terms = []
         for i in targets[b, j]:
             cur = logps[i]
+            old = float(batch["old_per_token_logps"][b, j, i]) if ppo else cur.detach()
+            ratio = torch.exp(cur - old)
             if ppo:
-                ratio = torch.exp(cur - float(batch["old_per_token_logps"][b, j, i]))
-                term = -torch.minimum(ratio * A, ratio.clamp(1 - EPS_LOW, 1 + EPS_HIGH) * A)
+                unclipped = ratio if delta is None else ratio.clamp(max=delta)
+                term = -torch.minimum(unclipped * A, ratio.clamp(1 - EPS_LOW, 1 + EPS_HIGH) * A)
             else:
                 term = -A * cur
             if beta:
-                delta = float(batch["ref_per_token_logps"][b, j, i]) - cur
-                term = term + beta * (torch.exp(delta) - delta - 1)
+                diff = float(batch["ref_per_token_logps"][b, j, i]) - cur
+                kl = torch.exp(diff) - diff - 1
+                term = term + beta * (kl * ratio if bias_kl else kl)
+            if entropy_coef:
+                term = term - entropy_coef * entropies[b, j][i]
             terms.append(term)
         terms_per_step[b, j] = terms
 
@@ -354,12 +383,14 @@ def _assert_target_mask(inputs, targets):
 # --------------------------------------------------------------------------------------------------
 # 1. loss and gradients against the brute-force reference
 # --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("targets_from_loss", [True, False])
 @pytest.mark.parametrize("backward_mode", ["per_step", "per_micro_batch"])
 @pytest.mark.parametrize("beta", [0.0, 0.05])
 @pytest.mark.parametrize("norm", ["token", "sample"])
 @pytest.mark.parametrize("objective", ["reinforce", "ppo"])
-def test_loss_and_grads_match_bruteforce(trainer, tokenizer, objective, norm, beta, backward_mode):
-    """Loss and gradients equal the brute-force reference, with one backward per sampled step or one in all."""
+def test_loss_and_grads_match_bruteforce(trainer, tokenizer, objective, norm, beta, backward_mode, targets_from_loss):
+    """Loss and gradients equal the brute-force reference, with one backward per sampled step or one in all, and
+    (REINFORCE) with the clean targets read from the loss forward itself or from a separate π_old pass."""
     ppo = objective == "ppo"
     model = trainer.model
     batch = random_batch(tokenizer, seed=11)
@@ -376,13 +407,49 @@ def test_loss_and_grads_match_bruteforce(trainer, tokenizer, objective, norm, be
     expected = reference_loss(batch, current, targets, ppo=ppo, beta=beta, norm=norm)
     expected_grads = _grads(expected, trainable_params(model))
 
-    _configure(trainer, norm=norm, c=c, beta=beta, backward_mode=backward_mode)
+    _configure(trainer, norm=norm, c=c, beta=beta, backward_mode=backward_mode, targets_from_loss=targets_from_loss)
     inputs = prepare_batch(trainer, batch)
-    _assert_target_mask(inputs, targets)
+    assert ("targets_pending" in inputs) == (targets_from_loss and not ppo)
+    if "targets_pending" not in inputs:
+        _assert_target_mask(inputs, targets)
     loss, grads = _backward(trainer, inputs)
+    _assert_target_mask(inputs, targets)  # pending targets are written back by the loss forward
     assert torch.isfinite(loss)
     torch.testing.assert_close(loss, expected.detach(), atol=1e-6, rtol=1e-5)
     _assert_grads_close(grads, expected_grads)
+
+
+@pytest.mark.parametrize("option", ["delta", "bias_kl", "entropy"])
+@pytest.mark.parametrize("objective", ["reinforce", "ppo"])
+def test_trl_terms_match_bruteforce(trainer, tokenizer, objective, option):
+    """GRPOConfig's delta (two-sided clip), use_bias_correction_kl and entropy_coef, as TRL defines them."""
+    ppo = objective == "ppo"
+    model = trainer.model
+    batch = random_batch(tokenizer, seed=61)
+    current = reference_state_logps(model, batch)
+    batch = add_old_and_ref(batch, current, seed=62, ppo=ppo, beta=True)
+    targets = reference_targets(batch, current, 0.2, ppo)
+    settings = {"delta": dict(delta=1.1), "bias_kl": dict(bias_kl=True),
+                "entropy": dict(entropy_coef=0.3, entropies=reference_state_entropies(model, batch))}[option]
+    expected = reference_loss(batch, current, targets, ppo=ppo, beta=0.05, norm="token", **settings)
+    expected_grads = _grads(expected, trainable_params(model))
+    if option == "delta" and ppo:  # the cap must bind for the check to mean anything
+        assert any(math.exp(float(logps[i]) - float(batch["old_per_token_logps"][b, j, i])) > 1.1
+                   for (b, j), logps in current.items() for i in targets[b, j])
+    _configure(trainer, norm="token", c=0.2, beta=0.05)
+    trainer.args.delta = settings.get("delta")
+    trainer.args.use_bias_correction_kl = settings.get("bias_kl", False)
+    trainer.args.entropy_coef = settings.get("entropy_coef", 0.0)
+    try:
+        loss, grads = _backward(trainer, prepare_batch(trainer, batch))
+    finally:
+        trainer.args.delta, trainer.args.use_bias_correction_kl, trainer.args.entropy_coef = None, False, 0.0
+    torch.testing.assert_close(loss, expected.detach(), atol=1e-6, rtol=1e-5)
+    _assert_grads_close(grads, expected_grads)
+    entropies = reference_state_entropies(model, batch)
+    logged = trainer._metrics["train"]["entropy"][-1]
+    want = sum(float(entropies[b, j][i]) for (b, j), v in targets.items() for i in v) / sum(map(len, targets.values()))
+    assert logged == pytest.approx(want, rel=1e-4)
 
 
 @pytest.mark.parametrize("objective", ["reinforce", "ppo"])
@@ -405,8 +472,8 @@ def test_clean_target_threshold_extremes(trainer, tokenizer, c, objective):
 
     _configure(trainer, norm="sample", c=c, beta=0.05)
     inputs = prepare_batch(trainer, batch)
-    _assert_target_mask(inputs, targets)
     loss, grads = _backward(trainer, inputs)
+    _assert_target_mask(inputs, targets)  # on-policy targets are fixed by the loss forward itself
     torch.testing.assert_close(loss, expected.detach(), atol=1e-6, rtol=1e-5)
     _assert_grads_close(grads, expected_grads)
     logged = trainer._metrics["train"]["rldf/target_tokens_per_step"][-1]
@@ -495,21 +562,55 @@ def test_scoring_pass_scores_the_states_of_the_loss(trainer, tokenizer):
     _assert_grads_close(grads_ppo, grads_rf, atol=1e-6, rtol=1e-4)
 
 
-def test_zero_variance_groups_are_dropped(llada_trainer, tokenizer):
-    """drop_zero_variance_groups: rows of a group whose advantages are all 0 keep their shape but get no step."""
+@pytest.mark.parametrize("aggregation", ["sum_then_normalize", "normalize_then_sum"])
+def test_zero_variance_groups_are_dropped(llada_trainer, tokenizer, aggregation):
+    """drop_zero_variance_groups: rows of a group whose rewards are all equal keep their shape but get no step —
+    read from the rewards as TRL's frac_reward_zero_std is, so a constant 1/3 (whose float32 group mean leaves tiny
+    non-zero advantages) is dropped too; under normalize_then_sum every reward function must be constant."""
     trainer = llada_trainer
     batch = random_batch(tokenizer, seed=55)
     batch = {key: torch.cat([value, value[:2]]) for key, value in batch.items()}  # 8 rows: groups 0–3, 4–7
-    batch["advantages"] = torch.tensor([0.5, -0.5, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+    third = torch.tensor(1 / 3)
+    # Group 0: the rewards vary. Group 1: the first function is a constant 1/3 and the second a constant 0.5, except
+    # under normalize_then_sum where the second varies (the group keeps a signal).
+    second = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.5, 0.5, 0.5, 0.5])
+    if aggregation == "normalize_then_sum":
+        second[4:] = torch.tensor([0.0, 1.0, 0.0, 1.0])  # group 1 keeps a signal from the second function
+    rewards = torch.stack([torch.tensor([1.0, 0.0, 0.0, 1.0, *[third] * 4]), second], dim=1)
+    group = rewards[4:, 0]
+    advantages = (group - group.mean()) / (group.std() + 1e-4)  # what TRL computes: tiny, non-zero
+    batch["advantages"] = torch.cat([torch.tensor([0.5, -0.5, -0.5, 0.5]), advantages])
     _configure(trainer, c=0.2)
     trainer.args.drop_zero_variance_groups = True
+    trainer.args.multi_objective_aggregation = aggregation
+    trainer.reward_weights = torch.ones(2)
+    trainer._gathered_rewards = rewards
     try:
         inputs = prepare_batch(trainer, batch)
     finally:
         trainer.args.drop_zero_variance_groups = False
+        trainer.args.multi_objective_aggregation = "sum_then_normalize"
+        trainer.reward_weights = torch.ones(1)
     assert torch.equal(inputs["sampled_steps"][:4], batch["sampled_steps"][:4])
-    assert (inputs["sampled_steps"][4:] == INVALID_STEP).all()
-    assert not inputs["target_mask"][4:].any() and inputs["target_mask"][:2].any()
+    dropped = (inputs["sampled_steps"][4:] == INVALID_STEP).all()
+    assert bool(dropped) == (aggregation == "sum_then_normalize")
+    if aggregation == "sum_then_normalize":
+        assert not inputs["target_mask"][4:].any()
+
+
+def test_zero_variance_is_read_from_the_rewards_not_from_rounded_advantages(llada_trainer):
+    """A constant reward of 9/10 in a group of 8: TRL's float32 group mean leaves advantages of −6e-8, which an
+    ``advantages == 0`` test misses; the rewards' spread is within rounding of 0, so the group is dropped."""
+    trainer = llada_trainer
+    rewards = torch.cat([torch.arange(8.0) / 8, torch.full((8,), 0.9)]).unsqueeze(1)
+    grouped = rewards.view(2, 8)
+    advantages = grouped - torch.nanmean(grouped, dim=1, keepdim=True)
+    assert (advantages[1] != 0).all()  # the old rule would keep this group
+    trainer._gathered_rewards, trainer.num_generations = rewards, 8
+    try:
+        assert trainer._zero_variance_rows().tolist() == [False] * 8 + [True] * 8
+    finally:
+        trainer.num_generations = 4
 
 
 # --------------------------------------------------------------------------------------------------
@@ -545,7 +646,7 @@ def test_all_padding_steps_give_zero_loss_that_backpropagates(llada_trainer, tok
     inputs = prepare_batch(trainer, batch)
     assert not inputs["target_mask"].any()
     loss = trainer._compute_loss(trainer.model, inputs)
-    assert torch.isfinite(loss) and float(loss) == 0.0
+    assert torch.isfinite(loss) and float(loss.detach()) == 0.0
     assert loss.requires_grad  # training_step calls backward on it
     params = trainable_params(trainer.model)
     for p in params:

@@ -20,6 +20,8 @@ OVERRIDDEN = [
     "_get_per_token_logps_and_entropies",
     "_generate_and_score_completions",
     "_compute_loss",
+    "training_step",
+    "_calculate_rewards",
     "_save_rng_state",
     "_load_rng_state",
 ]
@@ -28,7 +30,8 @@ OVERRIDDEN = [
 def test_overridden_methods_exist_in_pinned_trl():
     own = {name for name, value in vars(RLDFTrainer).items() if inspect.isfunction(value) and name != "__init__"}
     private_helpers = {"_prepare_reference", "_logps_at_sampled_states", "_log_rldf_metrics", "_target_mask",
-                       "_loss_normalizer", "_backward_step", "_zero_loss", "_step_loss", "_packs_states", "_loss_chunks",
+                       "_loss_normalizer", "_zero_loss", "_step_loss", "_clean_targets_from_loss", "_candidate_mask",
+                       "_finish_pending_normalization", "_zero_variance_rows", "_packs_states", "_loss_chunks",
                        "_chunk_loss", "_packed_state_logps", "_packed_logps_at_sampled_states"}
     assert own - private_helpers == set(OVERRIDDEN)
     for name in OVERRIDDEN:
@@ -178,3 +181,24 @@ def test_attention_without_explicit_masks_is_refused(tmp_path, implementation):
     model.config._attn_implementation = implementation  # what `attn_implementation=` at load would set
     with pytest.raises(ValueError, match="attn_implementation='sdpa'"):
         make_trainer(tmp_path, model=model)
+
+
+@pytest.mark.parametrize("norm", ["token", "sample"])
+def test_on_policy_targets_from_the_loss_forward_train_like_a_prepass(tmp_path, norm):
+    """On-policy, the clean targets come from the loss forward itself (k forwards per micro-batch instead of 2k); with
+    gradient accumulation and clipping that bites, the run equals one with a separate no-grad π_old pass: the
+    normaliser is applied to the accumulated gradients before the Trainer clips them."""
+    runs = []
+    for from_loss in (True, False):
+        trainer = make_trainer(tmp_path / str(from_loss), beta=0.0, gradient_accumulation_steps=2, max_steps=3,
+                               loss_normalization=norm, max_grad_norm=0.05, bf16=False)  # fp32: exact comparison
+        trainer.defer_clean_targets = from_loss
+        trainer.train()
+        logs = [e for e in trainer.state.log_history if "loss" in e]
+        runs.append((snapshot(trainer.model), [e["loss"] for e in logs], [e["grad_norm"] for e in logs]))
+    (params, losses, norms), (base_params, base_losses, base_norms) = runs
+    assert max(base_norms) > 0.05  # clipping was active
+    assert losses == pytest.approx(base_losses, rel=1e-5, abs=1e-7)
+    assert norms == pytest.approx(base_norms, rel=1e-4)
+    for name, value in params.items():
+        torch.testing.assert_close(value, base_params[name], rtol=1e-5, atol=1e-6, msg=name)

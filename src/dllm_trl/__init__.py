@@ -1,18 +1,31 @@
-"""dllm-trl: reinforcement learning for masked diffusion language models on top of TRL."""
+"""dllm-trl: reinforcement learning for masked diffusion language models on top of TRL.
 
-from .generation import DiffusionGenerationConfig, DiffusionGenerationOutput, diffusion_generate
-from .models import load_diffusion_model
-from .trainers import DPPOMaskConfig, DPPOMaskTrainer, RLDFConfig, RLDFTrainer
+The names below are imported on first use, so ``import dllm_trl.generation`` or ``import dllm_trl.models``
+does not pay for TRL and PEFT; ``from dllm_trl import RLDFTrainer`` does.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ._lazy import lazy_exports
 
 __version__ = "0.1.0.dev0"
 
-__all__ = [
-    "DPPOMaskConfig",
-    "DPPOMaskTrainer",
-    "DiffusionGenerationConfig",
-    "DiffusionGenerationOutput",
-    "RLDFConfig",
-    "RLDFTrainer",
-    "diffusion_generate",
-    "load_diffusion_model",
-]
+_EXPORTS = {
+    "DiffusionGenerationConfig": "generation",
+    "DiffusionGenerationOutput": "generation",
+    "diffusion_generate": "generation",
+    "load_diffusion_model": "models",
+    "DPPOMaskConfig": "trainers",
+    "DPPOMaskTrainer": "trainers",
+    "RLDFConfig": "trainers",
+    "RLDFTrainer": "trainers",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+if TYPE_CHECKING:
+    from .generation import DiffusionGenerationConfig, DiffusionGenerationOutput, diffusion_generate
+    from .models import load_diffusion_model
+    from .trainers import DPPOMaskConfig, DPPOMaskTrainer, RLDFConfig, RLDFTrainer

@@ -7,30 +7,64 @@ import os
 import torch
 from accelerate import PartialState
 from transformers import AutoTokenizer
-from trl import ModelConfig, get_quantization_config
+from trl import ModelConfig
 
 from .models import load_diffusion_model
 from .toy import toy_assets_dir, toy_generation_config
-from .trainers import RLDFConfig
 
 TOY_TRAINING_DEFAULTS = dict(
     max_steps=2, max_completion_length=8, block_length=4, per_device_train_batch_size=4, num_generations=4,
     num_sampled_timesteps=4, learning_rate=1e-4, beta=0.01, temperature=1.0, logging_steps=1, report_to="none",
-    save_strategy="no",
 )
-"""Training arguments of the scripts' no-argument run: two RLDF steps of the toy model on CPU."""
+"""Training arguments of the scripts' no-argument run: two RLDF steps of the toy model on CPU. Saving is TRL's
+default: checkpoints every ``save_steps`` and at the last step, and the final model in ``output_dir``."""
+
+REPORT_PACKAGES = {"azure_ml": "azureml-core", "comet_ml": "comet-ml", "dagshub": "dagshub mlflow"}
+"""``pip install`` names of the ``--report_to`` backends not installed under their own name."""
 
 
 def toy_training_defaults(output_dir: str, **overrides) -> dict:
-    """:data:`TOY_TRAINING_DEFAULTS` for a script writing to ``output_dir`` (bf16 where the GPU has it)."""
-    bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    """:data:`TOY_TRAINING_DEFAULTS` for a script writing to ``output_dir``: bf16 where the GPU has it natively, or
+    where the accelerate config asks for it (a DeepSpeed config's bf16 must agree with the training arguments')."""
+    launcher = os.environ.get("ACCELERATE_MIXED_PRECISION")
+    native_bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
+    bf16 = launcher == "bf16" if launcher else native_bf16
     return {**TOY_TRAINING_DEFAULTS, "output_dir": output_dir, "bf16": bf16, **overrides}
+
+
+def check_report_backends(training_args) -> None:
+    """Stop before any model loads when a ``--report_to`` backend is not installed, naming its install command
+    (transformers would fail later, at trainer creation)."""
+    from transformers.integrations import get_available_reporting_integrations
+
+    available = set(get_available_reporting_integrations())
+    missing = [name for name in training_args.report_to if name not in available]
+    if missing:
+        packages = " ".join(REPORT_PACKAGES.get(name, name) for name in missing)
+        raise SystemExit(
+            f"error: --report_to {' '.join(missing)}: not installed; run `pip install {packages}` "
+            "or pass --report_to none."
+        )
+
+
+def save_trained_model(trainer, training_args) -> None:
+    """What a TRL script does after ``train()``: the final model (and tokenizer) in ``output_dir``, pushed to
+    the Hub with ``--push_to_hub``."""
+    trainer.save_model(training_args.output_dir)
+    if training_args.push_to_hub:
+        trainer.push_to_hub()
+    if trainer.accelerator.is_main_process:
+        print(f"saved the trained model to {training_args.output_dir}")
 
 
 def model_init_kwargs(model_args: ModelConfig, device: str | int | None = None) -> dict:
     """``from_pretrained`` keyword arguments that ``--dtype``, ``--attn_implementation``, ``--model_revision`` and
     ``--load_in_4bit`` / ``--load_in_8bit`` (bitsandbytes, placed on ``device`` or on this process's device) ask for."""
-    quantization_config = get_quantization_config(model_args)
+    quantization_config = None
+    if model_args.load_in_4bit or model_args.load_in_8bit:
+        from trl import get_quantization_config  # imports PEFT and bitsandbytes: only when quantising
+
+        quantization_config = get_quantization_config(model_args)
     placement = device if device is not None else PartialState().local_process_index
     if not torch.accelerator.is_available():
         placement = "cpu"
@@ -78,9 +112,11 @@ def load_model_and_tokenizer(model_args: ModelConfig, device: str | None = None)
     return model.eval(), tokenizer
 
 
-def toy_rldf_config(output_dir: str, **overrides) -> RLDFConfig:
+def toy_rldf_config(output_dir: str, **overrides):
     """RLDF settings that improve the toy model on CPU (the main job's and the estimator benchmark's):
     the toy sampler settings, 4 prompts x 8 generations per step, k = 4, β = 0, constant lr 3e-5."""
+    from .trainers import RLDFConfig  # imports TRL's trainers and PEFT: only for the scripts that train
+
     gen = toy_generation_config()
     values = dict(
         output_dir=output_dir, max_completion_length=gen.gen_length, block_length=gen.block_length,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+import huggingface_hub
 from datasets import Dataset, load_dataset
 
 from .adapters import DatasetFormat, get_format, prepare_dataset
@@ -41,7 +42,7 @@ def load_raw_dataset(source: str, split: str = "train", config: str | None = Non
     """
     if source in PRESETS:
         preset = PRESETS[source]
-        return load_dataset(preset.path, config or preset.config, split=split)
+        return _load_from_hub(source, preset.path, config or preset.config, split)
     extension = os.path.splitext(source)[1].lower()
     if os.path.isfile(source):
         if extension not in FILE_BUILDERS:
@@ -49,7 +50,24 @@ def load_raw_dataset(source: str, split: str = "train", config: str | None = Non
         return load_dataset(FILE_BUILDERS[extension], data_files=source, split="train")
     if extension in FILE_BUILDERS:
         raise FileNotFoundError(f"No such dataset file: {source!r}.")
-    return load_dataset(source, config, split=split)
+    if os.path.isdir(source):
+        return load_dataset(source, config, split=split)
+    return _load_from_hub(source, source, config, split)
+
+
+def _load_from_hub(source: str, path: str, config: str | None, split: str) -> Dataset:
+    """``load_dataset`` of a Hub dataset; without a connection, an error that says what to do instead."""
+    try:
+        return load_dataset(path, config, split=split)
+    except ConnectionError as error:
+        name = f"{source!r} (Hub dataset {path!r})" if source != path else repr(source)
+        if huggingface_hub.constants.HF_HUB_OFFLINE:
+            reason = "is not in the local Hub cache and HF_HUB_OFFLINE is set"
+        else:
+            reason = "could not be downloaded (no connection to the Hub?; HF_HUB_OFFLINE=1 skips the retries)"
+        raise ConnectionError(
+            f"Dataset {name} {reason}: pass a local {'/'.join(sorted(FILE_BUILDERS))} file instead."
+        ) from error
 
 
 def resolve_format(source: str, dataset: Dataset, layout: str | None = None) -> DatasetFormat:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict, dataclass, field
 
 CACHE_MODES = ("none", "prefix", "dual")
@@ -34,6 +35,9 @@ class DiffusionGenerationConfig:
             Nucleus truncation applied before drawing (both sampling styles).
         top_k (`int` or `None`, defaults to `None`):
             Top-k truncation applied before drawing (both sampling styles).
+        min_p (`float` or `None`, defaults to `None`):
+            Min-p truncation applied before drawing: tokens whose probability is below `min_p` times the most
+            likely token's are dropped (both sampling styles).
         sampling (`str` or `None`, defaults to `None`):
             `"gumbel"` (LLaDA style: Gumbel-max on logits/temperature in float64) or `"categorical"` (Dream
             style: softmax then a categorical draw). `None` uses the model's `config.diffusion_sampling`.
@@ -61,6 +65,7 @@ class DiffusionGenerationConfig:
     temperature: float = field(default=0.0, metadata={"help": "Sampling temperature; 0 = argmax."})
     top_p: float | None = field(default=None, metadata={"help": "Nucleus truncation before drawing."})
     top_k: int | None = field(default=None, metadata={"help": "Top-k truncation before drawing."})
+    min_p: float | None = field(default=None, metadata={"help": "Min-p truncation before drawing."})
     sampling: str | None = field(default=None, metadata={"help": "'gumbel', 'categorical' or None (model default)."})
     cache: str = field(default="dual", metadata={"help": "KV cache mode: 'none', 'prefix' or 'dual'."})
     record_topk: int = field(default=0, metadata={"help": "Record top-K ids/log-probs per committed token (0 = off)."})
@@ -97,6 +102,8 @@ class DiffusionGenerationConfig:
             raise ValueError(f"temperature={self.temperature} must be a finite number ≥ 0.")
         if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p={self.top_p} must lie in (0, 1].")
+        if self.min_p is not None and not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p={self.min_p} must lie in [0, 1] (or None).")
         if self.top_k is not None and self.top_k < 1:
             raise ValueError(f"top_k={self.top_k} must be ≥ 1 (or None).")
         if self.sampling is not None and self.sampling not in SAMPLING_STYLES:
@@ -113,6 +120,17 @@ class DiffusionGenerationConfig:
     @property
     def total_steps(self) -> int:
         return self.gen_length if self.steps is None else self.steps
+
+    def check_positions(self, prompt_length: int, max_positions: int | None) -> None:
+        """Warn when the canvas (``prompt_length`` columns, padding included, plus ``gen_length``) runs past the
+        model's ``max_position_embeddings``: RoPE still computes there, but the model never saw those positions."""
+        if max_positions is not None and prompt_length + self.gen_length > max_positions:
+            warnings.warn(
+                f"prompt + gen_length={self.gen_length} exceed the model's max_position_embeddings={max_positions}: "
+                "positions past it were never trained and decode poorly. Use a shorter gen_length "
+                "(max_completion_length in the trainers) or shorter prompts.",
+                stacklevel=2,
+            )
 
     def to_dict(self) -> dict:
         return asdict(self)

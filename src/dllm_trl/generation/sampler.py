@@ -13,6 +13,7 @@ is done simply commits nothing. One loop serves both kinds of model; only the mo
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -63,7 +64,9 @@ def static_schedule(block_length: int, steps_per_block: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(steps_per_block)]
 
 
-def _truncate_logits(logits: torch.Tensor, top_k: int | None, top_p: float | None) -> torch.Tensor:
+def _truncate_logits(logits: torch.Tensor, top_k: int | None, top_p: float | None, min_p: float | None = None):
+    if min_p is not None and min_p > 0.0:  # drop tokens below min_p x the most likely token's probability
+        logits = logits.masked_fill(logits < logits.max(-1, keepdim=True).values + math.log(min_p), float("-inf"))
     if top_k is not None and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -84,6 +87,7 @@ def draw_candidates(
     top_k: int | None,
     sampling: str,
     generator: torch.Generator | None,
+    min_p: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Draw one candidate per position from ``logits`` (..., V).
 
@@ -93,11 +97,13 @@ def draw_candidates(
     modified.
     """
     return _draw_candidates(
-        logits.to(torch.float32, copy=True), mask_token_id, temperature, top_p, top_k, sampling, generator
+        logits.to(torch.float32, copy=True), mask_token_id, temperature, top_p, top_k, sampling, generator,
+        min_p=min_p,
     )
 
 
-def _draw_candidates(logits, mask_token_id, temperature, top_p, top_k, sampling, generator, with_log_probs=True):
+def _draw_candidates(logits, mask_token_id, temperature, top_p, top_k, sampling, generator, with_log_probs=True,
+                     min_p=None):
     """:func:`draw_candidates` on float32 ``logits`` that it may overwrite (the sampler's own, saving a copy).
 
     Greedy without ``with_log_probs`` returns ``log_probs=None`` and works in place: at a 126k vocabulary a fresh
@@ -109,7 +115,7 @@ def _draw_candidates(logits, mask_token_id, temperature, top_p, top_k, sampling,
         confidence = logits.sub_(top.unsqueeze(-1)).exp_().sum(-1).reciprocal()  # softmax at the argmax
         return candidate, confidence, None
     if temperature > 0:
-        logits = _truncate_logits(logits / temperature, top_k, top_p)
+        logits = _truncate_logits(logits / temperature, top_k, top_p, min_p)
     log_probs = torch.log_softmax(logits, dim=-1)
     if temperature == 0:
         candidate = log_probs.argmax(-1)
@@ -328,6 +334,7 @@ def diffusion_generate(
     pad = input_ids.shape[1] - given_prompt_len
     prompt_len = input_ids.shape[1]
     total = prompt_len + gen
+    cfg.check_positions(prompt_len, getattr(config, "max_position_embeddings", None))
     key_mask = torch.cat([prompt_mask, torch.ones(batch, gen, dtype=torch.bool, device=device)], dim=1)
     canvas = torch.cat([input_ids, torch.full((batch, gen), mask_id, dtype=input_ids.dtype, device=device)], dim=1)
     commit_step = torch.full((batch, gen), NEVER_COMMITTED, dtype=torch.long, device=device)
@@ -364,7 +371,8 @@ def diffusion_generate(
             logits = calls(canvas, rows, start - shift + columns)
             nfe += 1
             candidate, confidence, log_probs = _draw_candidates(
-                logits, mask_id, cfg.temperature, cfg.top_p, cfg.top_k, sampling, generator, with_log_probs=topk > 0
+                logits, mask_id, cfg.temperature, cfg.top_p, cfg.top_k, sampling, generator, with_log_probs=topk > 0,
+                min_p=cfg.min_p,
             )
             score = torch.full((batch, block), -1.0, device=device).index_put_((rows, columns), confidence)
             if schedule is None:

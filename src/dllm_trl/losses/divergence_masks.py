@@ -34,7 +34,9 @@ import torch
 __all__ = [
     "EPS",
     "TruncatedView",
+    "SupportLogProbs",
     "gather_policy_view",
+    "support_log_probs",
     "support_mask",
     "truncated_view",
     "truncated_view_from_full",
@@ -109,6 +111,72 @@ def gather_policy_view(
     dtype = _compute_dtype(policy_logps)
     ids = torch.cat([topk_ids.long(), action.long().unsqueeze(-1)], dim=-1).clamp(min=0)
     return policy_logps.gather(-1, ids).to(dtype)
+
+
+class SupportLogProbs(NamedTuple):
+    """What :func:`support_log_probs` reads of the sampling distribution at ``N`` positions."""
+
+    support: torch.Tensor  # (N, K+1): log π at [ids..., a] of the sampling distribution (logits / T, excluded id -inf)
+    raw_action: torch.Tensor  # (N,): plain log-softmax of the logits at a (no temperature, nothing excluded)
+    own_logps: torch.Tensor | None  # (N, own_topk): the sampling distribution's own top-K log-probs (detached)
+    own_ids: torch.Tensor | None  # (N, own_topk)
+
+
+def support_log_probs(
+    hidden: torch.Tensor,
+    head,
+    support_ids: torch.Tensor,
+    action: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    excluded_id: int | None = None,
+    own_topk: int = 0,
+    use_own: torch.Tensor | None = None,
+    chunk_elements: int = 2**25,
+) -> SupportLogProbs:
+    """The policy's view at the support ``S`` of ``N`` positions, from their last hidden states ``(N, d)``.
+
+    ``head`` maps hidden states to logits (the LM head). With ``own_topk`` the distribution's own top-K is returned
+    too, and where ``use_own`` (N,) is set the support's first ``K`` ids are that top-K (on-policy: μ = π_old = π).
+    The full-vocabulary logits exist for one chunk of positions at a time (about ``chunk_elements`` values), and
+    in training each chunk is recomputed in the backward pass instead of kept, so memory grows with ``N × K``, not
+    ``N × V`` (the equivalent of TRL's chunked LM head for a ``K + 1`` support).
+    """
+
+    def chunk(h, ids, a, own):
+        logits = head(h).float()
+        raw = logits.gather(-1, a.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+        scaled = logits / temperature
+        if excluded_id is not None:
+            scaled = scaled.index_fill(-1, torch.tensor([excluded_id], device=scaled.device), float("-inf"))
+        lse = torch.logsumexp(scaled, dim=-1, keepdim=True)
+        own_logps = own_ids = None
+        if own_topk:
+            with torch.no_grad():
+                values, own_ids = scaled.topk(own_topk, dim=-1)
+                own_logps = values - lse
+            ids = torch.where(own.unsqueeze(-1), own_ids, ids)
+        slots = torch.cat([ids.long().clamp(min=0), a.long().unsqueeze(-1)], dim=-1)
+        return scaled.gather(-1, slots) - lse, raw, own_logps, own_ids
+
+    n = hidden.shape[0]
+    if use_own is None:
+        use_own = torch.zeros(n, dtype=torch.bool, device=hidden.device)
+    vocab = getattr(head, "out_features", None) or 2**17
+    step = max(1, chunk_elements // vocab)
+    pieces = []
+    for start in range(0, n, step):
+        part = slice(start, start + step)
+        args = (hidden[part], support_ids[part], action[part], use_own[part])
+        if torch.is_grad_enabled() and hidden.requires_grad:
+            pieces.append(torch.utils.checkpoint.checkpoint(chunk, *args, use_reentrant=False))
+        else:
+            pieces.append(chunk(*args))
+    if not pieces:  # no position to read: empty results that still hang off the graph (DDP needs one)
+        pieces.append(chunk(hidden[:0], support_ids[:0], action[:0], use_own[:0]))
+    columns = list(zip(*pieces))
+    cat = [None if column[0] is None else torch.cat(column) for column in columns]
+    return SupportLogProbs(*cat)
 
 
 def support_mask(topk_ids: torch.Tensor, action: torch.Tensor, binary: bool = False) -> torch.Tensor:

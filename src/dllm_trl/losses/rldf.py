@@ -103,14 +103,17 @@ def policy_token_terms(
     old_logps: torch.Tensor | None = None,
     epsilon_low: float = 0.2,
     epsilon_high: float = 0.2,
+    delta: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token policy loss: REINFORCE ``−A log π`` (Eq. 8) without ``old_logps``, else PPO (Eq. 7).
 
-    Returns ``(terms, ratio)``; ``ratio`` is ``None`` for REINFORCE.
+    ``delta`` (TRL's two-sided clipping) caps the unclipped ratio as well. Returns ``(terms, ratio)``; ``ratio`` is
+    ``None`` for REINFORCE.
     """
     advantages = advantages.view(-1, *([1] * (logps.dim() - 1)))
     if old_logps is None:
         return -advantages * logps, None
     ratio = torch.exp(logps - old_logps)
     clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
-    return -torch.min(ratio * advantages, clipped * advantages), ratio
+    unclipped = ratio if delta is None else torch.clamp(ratio, max=delta)
+    return -torch.min(unclipped * advantages, clipped * advantages), ratio

@@ -145,7 +145,7 @@ def _bidirectional_pre_hook(module, args, kwargs):
     inputs_embeds = kwargs.get("inputs_embeds")
     reference = inputs_embeds if inputs_embeds is not None else kwargs.get("input_ids", args[0] if args else None)
     batch_size, query_length = reference.shape[:2]
-    past = kwargs.get("past_key_values")
+    past = kwargs.get("past_key_values", kwargs.get("cache"))  # transformers ≥ 5.24 calls it `cache`
     past_length = past.get_seq_length() if past is not None else 0
     key_length = past_length + query_length
     if attention_mask is not None and attention_mask.shape[-1] != key_length:

@@ -105,6 +105,40 @@ def logits_at(model: nn.Module, rows: torch.Tensor, columns: torch.Tensor, **for
     return output.logits[0], output.past_key_values
 
 
+def apply_at(model: nn.Module, rows: torch.Tensor, columns: torch.Tensor, fn, **forward_kwargs):
+    """Run ``model``'s own forward and return ``fn(hidden (N, d), head)`` at the ``N`` positions ``(rows, columns)``,
+    computed inside that forward (where FSDP2 / ZeRO-3 have the head's weights gathered). ``fn`` applies the head as
+    it likes (e.g. in chunks); the model's own head then runs on nothing."""
+    decoder = decoder_of(model)
+    head = unwrap_model(model).get_output_embeddings()
+    result = []
+
+    def read_positions(module, args, output):
+        hidden = output.last_hidden_state
+        result.append(fn(hidden[rows, columns], head))
+        output.last_hidden_state = hidden[:0]
+        return output
+
+    handle = decoder.register_forward_hook(read_positions)
+    try:
+        model(**forward_kwargs, logits_to_keep=0)
+    finally:
+        handle.remove()
+    return result[0]
+
+
+def keep_buffers_out_of_ddp(model: nn.Module) -> None:
+    """Tell DDP not to synchronise ``model``'s buffers (RoPE frequencies: constants, equal on every process).
+
+    DDP broadcasts buffers in every forward that will synchronise gradients, but processes run different numbers of
+    such forwards per step (one per sampled step with ``backward_mode="per_micro_batch"``), so the broadcasts would
+    pair up with the wrong collectives. ``broadcast_buffers=False`` said this before torch 2.13 deprecated it, and
+    accelerate cannot pass its replacement (``forward_sync_buffers``); the ignore list works on every version.
+    """
+    names = [name for name, _ in model.named_buffers()]
+    torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, names)
+
+
 def is_deepspeed(accelerator) -> bool:
     return getattr(accelerator.state, "deepspeed_plugin", None) is not None
 
@@ -117,6 +151,12 @@ def backward_syncs_every_call(accelerator) -> bool:
     DDP and FSDP accumulate locally under ``no_sync``.
     """
     return is_deepspeed(accelerator) and accelerator.num_processes > 1
+
+
+def gradients_accessible(accelerator) -> bool:
+    """Whether the accumulated gradients sit in the parameters' ``.grad`` (DeepSpeed keeps them in its own buffers),
+    so that a trainer can rescale them before the optimizer step."""
+    return not is_deepspeed(accelerator)
 
 
 @contextlib.contextmanager
@@ -208,7 +248,8 @@ def _alone_message(launched: int) -> str:
         f"{launched} processes were launched (WORLD_SIZE={launched}) but this one would run alone: no process group "
         "is initialised without an accelerator, so each process would train its own copy into the same output_dir. "
         "On a machine without GPUs set use_cpu=True (script flag `--use_cpu true`, gloo backend), e.g. `accelerate "
-        "launch --multi_gpu --num_processes 2 examples/rldf_math.py --use_cpu true`; on GPUs check that CUDA is visible."
+        "launch --multi_gpu --num_processes 2 examples/rldf_math.py --use_cpu true`; on GPUs check that CUDA is "
+        "visible."
     )
 
 

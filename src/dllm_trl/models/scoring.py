@@ -9,6 +9,13 @@ from .block_attention import align_prompt
 from .engines import logits_at
 
 
+def token_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of ``softmax(logits)`` per position, in float32."""
+    logits = logits.float()
+    log_probs = logits.log_softmax(-1)
+    return -(log_probs.exp() * log_probs).sum(-1)
+
+
 def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``log_softmax(logits)[index]`` in float32, without keeping a full-vocabulary log-softmax around."""
     logits = logits.float()
@@ -16,9 +23,10 @@ def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Te
     return picked - torch.logsumexp(logits, dim=-1)
 
 
-def _canvas(config, prompt_ids, prompt_mask, state_ids, shift):
-    """``q ⊕ state`` and its key mask, the prompt left-padded to a block boundary for a block-diffusion LM (as the
-    sampler's canvas); returns the prompt width too."""
+def state_canvas(config, prompt_ids, prompt_mask, state_ids, shift):
+    """``(input_ids, attention_mask, prompt_width)`` of ``q ⊕ state`` (every state position is a real key); for a
+    block-diffusion LM (``config.diffusion_block_size``) the prompt is left-padded to a block boundary, as the
+    sampler's canvas, and ``prompt_width`` counts that padding."""
     if prompt_ids.shape[1] < shift:
         raise ValueError("A model with a logit shift needs a prompt of at least one token.")
     prompt_ids, prompt_mask = align_prompt(prompt_ids, prompt_mask, diffusion_block_size(config), config.mask_token_id)
@@ -36,7 +44,7 @@ def completion_logits(
     """
     config = diffusion_config(model)
     shift = 1 if getattr(config, "diffusion_logit_shift", False) else 0
-    input_ids, attention_mask, prompt_len = _canvas(config, prompt_ids, prompt_mask, state_ids, shift)
+    input_ids, attention_mask, prompt_len = state_canvas(config, prompt_ids, prompt_mask, state_ids, shift)
     gen = state_ids.shape[1]
     positions = torch.arange(prompt_len - shift, prompt_len + gen - shift, device=input_ids.device)
     return model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=positions, use_cache=False).logits
@@ -49,28 +57,38 @@ def completion_token_logps(
     state_ids: torch.Tensor,
     target_ids: torch.Tensor,
     read_mask: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """``log π(target_i | q, state)`` (B, G) in float32.
+    with_entropy: bool = False,
+):
+    """``log π(target_i | q, state)`` (B, G) in float32 (and, ``with_entropy``, the entropy of ``π(· | q, state)``
+    at each read position, (B, G); with gradient only when grad is enabled and the caller uses it).
 
     With ``read_mask`` (B, G) the LM head and the log-softmax run only where it is set (0 is returned elsewhere):
     the loss reads a few positions of each state, and the full-vocabulary logits of the others are never built.
     """
     if read_mask is None:
-        return selective_log_softmax(completion_logits(model, prompt_ids, prompt_mask, state_ids), target_ids)
+        logits = completion_logits(model, prompt_ids, prompt_mask, state_ids)
+        logps = selective_log_softmax(logits, target_ids)
+        return (logps, token_entropy(logits)) if with_entropy else logps
     config = diffusion_config(model)
     shift = 1 if getattr(config, "diffusion_logit_shift", False) else 0
-    input_ids, attention_mask, prompt_len = _canvas(config, prompt_ids, prompt_mask, state_ids, shift)
+    input_ids, attention_mask, prompt_len = state_canvas(config, prompt_ids, prompt_mask, state_ids, shift)
     rows, columns = read_mask.nonzero(as_tuple=True)
-    logps = token_logps_at(
-        model, rows, columns + (prompt_len - shift), target_ids[rows, columns],
+    values = token_logps_at(
+        model, rows, columns + (prompt_len - shift), target_ids[rows, columns], with_entropy=with_entropy,
         input_ids=input_ids, attention_mask=attention_mask,
     )
-    return torch.zeros(read_mask.shape, dtype=logps.dtype, device=logps.device).index_put((rows, columns), logps)
+    scatter = lambda v: torch.zeros(read_mask.shape, dtype=v.dtype, device=v.device).index_put((rows, columns), v)  # noqa: E731
+    return tuple(scatter(v) for v in values) if with_entropy else scatter(values)
 
 
-def token_logps_at(model, rows: torch.Tensor, columns: torch.Tensor, target_ids: torch.Tensor, **forward_kwargs):
+def token_logps_at(
+    model, rows: torch.Tensor, columns: torch.Tensor, target_ids: torch.Tensor, with_entropy: bool = False,
+    **forward_kwargs,
+):
     """``log π(target_ids[n])`` (N,) in float32 from the outputs at input positions ``(rows[n], columns[n])`` of one
-    forward of ``model(**forward_kwargs)`` (no cache; the LM head runs at those positions only). The packed forward
-    of block-diffusion states (:mod:`dllm_trl.losses.packed_states`) passes its ids, position ids and 4-D mask."""
+    forward of ``model(**forward_kwargs)`` (no cache; the LM head runs at those positions only), and with
+    ``with_entropy`` the entropy there too. The packed forward of block-diffusion states
+    (:mod:`dllm_trl.losses.packed_states`) passes its ids, position ids and 4-D mask."""
     logits, _ = logits_at(model, rows, columns, use_cache=False, **forward_kwargs)
-    return selective_log_softmax(logits, target_ids)
+    logps = selective_log_softmax(logits, target_ids)
+    return (logps, token_entropy(logits)) if with_entropy else logps

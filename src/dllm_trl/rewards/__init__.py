@@ -1,10 +1,13 @@
 """Reward functions with TRL's signature (``reward(completions, **columns) -> list[float]``).
 
-* :func:`math_reward` — last ``\\boxed{}`` vs the ``answer`` column (string normalisation, then
-  math_verify, then sympy; binary; time-bounded). :func:`make_math_reward` for other column names.
+* :func:`math_reward` — last ``\\boxed{}`` vs the ``answer`` column (string normalisation, then a
+  structural comparison with exact numbers and sympy; binary; time-bounded). :func:`make_math_reward`
+  for other column names.
 * :func:`code_reward` — last ```` ```python ```` block run against unit tests (``tests`` /
   ``test_list`` column of assert strings, or HumanEval ``test`` + ``entry_point``) in a sandbox;
   reward = passed / total. :func:`make_code_reward` for other limits.
+
+The rules both rewards apply, and their documented limitations: ``docs/rewards.md``.
 """
 
 from .code import (

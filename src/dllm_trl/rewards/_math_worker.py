@@ -1,9 +1,25 @@
-"""Worker process for the expensive math-equivalence checks (math_verify, then sympy).
+r"""Worker process for the expensive math-equivalence checks (structure + sympy).
 
 This file is executed as a standalone program (its source is passed to ``python -c`` by
 :mod:`dllm_trl.rewards.math`), so it must not import anything from ``dllm_trl`` (that would pull in
 torch) and must not rely on relative imports.  It can also be imported (``heavy_equal``) for the
 in-process fallback.
+
+Both answers arrive *normalised* (``dllm_trl.rewards.math.normalize_math_answer``: no whitespace,
+``%`` kept as a marker, list separators written as ``,``). :func:`parse_answer` reads the answer's
+structure itself (lists, sets, tuples / intervals, unions, inequalities, matrices, percentages,
+multiple-choice letters, words) and hands only scalar leaves to a LaTeX parser
+(``latex2sympy2_extended``; a leaf it cannot read in full is not read at all). Decimal literals are rewritten
+as exact fractions before parsing, so no float ever enters a comparison. :func:`answers_equal`
+then applies the rules documented in ``docs/rewards.md``:
+
+* numbers are exact: two rational values compare with ``==`` (never by tolerance);
+* a lone decimal literal written with at least ``APPROX_MIN_DIGITS`` significant digits also
+  matches a value that no finite decimal can write (``1/3``, ``\sqrt2``, ``\pi``) when it is that
+  value rounded or truncated to the digits written;
+* other exact values are equal when sympy proves ``a - b == 0`` (and different when it proves
+  ``a - b != 0``); when it can do neither, when its adaptive evaluation of ``a - b`` to
+  ``EVAL_DIGITS`` digits finds no non-zero digit.
 
 Protocol (one JSON object per line):
   parent -> worker (stdin):   {"id": int, "pred": str, "gold": str, "timeout": float}
@@ -22,14 +38,16 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
+import re
 import signal
 import sys
 import threading
 import warnings
 
-REL_TOL = 1e-6
+APPROX_MIN_DIGITS = 6  # significant digits a decimal needs to stand for a non-terminating value
+EVAL_DIGITS = 60  # digits asked of sympy's evaluation of a difference it cannot simplify
+MAX_ITEMS = 64  # larger lists / sets / matrices are not compared (never equal)
 
 
 class _SoftTimeout(BaseException):
@@ -39,40 +57,19 @@ class _SoftTimeout(BaseException):
 
 # ----------------------------------------------------------------------------- backend discovery
 def _discover_backends():
-    info = {"math_verify": None, "sympy_parser": None, "errors": []}
-    mv = None
-    try:
-        import math_verify  # noqa: F401
-        from math_verify import parse as mv_parse
-        from math_verify import verify as mv_verify
-
-        mv = (mv_parse, mv_verify)
-        info["math_verify"] = getattr(math_verify, "__version__", "unknown")
-    except Exception as exc:  # pragma: no cover - depends on the environment
-        info["errors"].append(f"math_verify unavailable: {type(exc).__name__}: {exc}")
-
+    info = {"sympy_parser": None, "errors": []}
     parser = None
     try:
         from latex2sympy2_extended import latex2sympy
 
         import sympy
 
-        if sympy.simplify(latex2sympy(r"\frac{1}{2}") - sympy.Rational(1, 2)) == 0:
-            parser = lambda s: latex2sympy(s)  # noqa: E731
+        if latex2sympy(r"\frac{1}{2}", normalization_config=None) == sympy.Rational(1, 2):
+            parser = lambda s: latex2sympy(s, normalization_config=None)  # noqa: E731
             info["sympy_parser"] = "latex2sympy2_extended"
     except Exception as exc:  # pragma: no cover
         info["errors"].append(f"latex2sympy2_extended unusable: {type(exc).__name__}: {exc}")
-    if parser is None:
-        try:
-            import sympy
-            from sympy.parsing.latex import parse_latex
-
-            if sympy.simplify(parse_latex(r"\frac{1}{2}") - sympy.Rational(1, 2)) == 0:
-                parser = parse_latex
-                info["sympy_parser"] = "sympy.parsing.latex"
-        except Exception as exc:  # pragma: no cover
-            info["errors"].append(f"sympy.parsing.latex unusable: {type(exc).__name__}: {exc}")
-    return mv, parser, info
+    return parser, info
 
 
 _BACKENDS = None
@@ -81,7 +78,6 @@ _BACKENDS = None
 def _backends():
     global _BACKENDS
     if _BACKENDS is None:
-        logging.getLogger("math_verify").setLevel(logging.CRITICAL)
         logging.getLogger("latex2sympy2_extended").setLevel(logging.CRITICAL)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -89,86 +85,472 @@ def _backends():
     return _BACKENDS
 
 
-# ----------------------------------------------------------------------------- sympy comparison
-def _sym_equal(a, b, depth=0):
+# ----------------------------------------------------------------------------- structure (string level)
+_OPEN = {"(": ")", "[": "]", "{": "}"}
+_CLOSE = set(_OPEN.values())
+
+
+def _tokens(s):
+    r"""(index, token) pairs: ``\{`` ``\}`` ``\\`` and ``\command`` are single tokens."""
+    i, n = 0, len(s)
+    while i < n:
+        if s[i] == "\\" and i + 1 < n:
+            if s[i + 1].isalpha():
+                j = i + 1
+                while j < n and s[j].isalpha():
+                    j += 1
+                yield i, s[i:j]
+                i = j
+                continue
+            yield i, s[i : i + 2]
+            i += 2
+            continue
+        yield i, s[i]
+        i += 1
+
+
+def _split_top(s, seps):
+    """Split ``s`` at the separators in ``seps`` (single characters or commands) that are not inside
+    brackets, braces, ``\\{ \\}``, ``\\langle \\rangle`` or ``\\begin ... \\end``."""
+    parts, depth, start = [], 0, 0
+    for i, tok in _tokens(s):
+        if tok in _OPEN or tok in ("\\{", "\\langle", "\\begin"):
+            depth += 1
+        elif tok in _CLOSE or tok in ("\\}", "\\rangle", "\\end"):
+            depth -= 1
+        elif depth == 0 and tok in seps:
+            parts.append(s[start:i])
+            start = i + len(tok)
+    parts.append(s[start:])
+    return parts
+
+
+def _wrapped(s, opener, closers):
+    """Inner text when ``s`` is ``opener ... closer`` with the opener's match at the very end."""
+    if not s.startswith(opener):
+        return None
+    depth = 0
+    for i, tok in _tokens(s):
+        if tok in _OPEN or tok in ("\\{", "\\langle", "\\begin"):
+            depth += 1
+        elif tok in _CLOSE or tok in ("\\}", "\\rangle", "\\end"):
+            depth -= 1
+            if depth == 0:
+                if i + len(tok) == len(s) and tok in closers:
+                    return s[len(opener) : i]
+                return None
+    return None
+
+
+_REL_TOKENS = {"<", ">", "\\le", "\\ge", "\\leq", "\\geq", "\\lt", "\\gt", "\\ne", "\\neq", "\\leqslant", "\\geqslant"}
+_CHOICE_RE = re.compile(r"^\(?([A-E])\)(?:.*)$|^([A-E])$")
+_WORD_RE = re.compile(r"^[A-Za-z]{2,}$")
+_DECIMAL_RE = re.compile(r"(?<![\d.])(\d+\.\d*|\.\d+)(?![\d.])")
+_LONE_DECIMAL_RE = re.compile(r"^[-+]?(\d+\.\d*|\.\d+)$")
+_MATRIX_RE = re.compile(r"^\\begin\{(pmatrix|bmatrix|Bmatrix|matrix|smallmatrix)\}(.*)\\end\{\1\}$", re.S)
+_PM_RE = re.compile(r"\\(?:pm|mp)(?![A-Za-z])")
+_VAR_RE = re.compile(r"^(?:[A-Za-z]|\\[A-Za-z]+)(?:_\{?[A-Za-z0-9]+\}?)?(?:\([A-Za-z]\))?$")
+
+
+class _Scalar:
+    """A scalar leaf: its sympy value and, for a lone decimal literal, (significant digits, unit of
+    the last written digit)."""
+
+    __slots__ = ("expr", "approx")
+
+    def __init__(self, expr, approx=None):
+        self.expr = expr
+        self.approx = approx
+
+
+def _decimal_info(text):
+    """(significant digits, unit of the last digit as a Rational) of a decimal literal."""
     import sympy
 
-    if depth > 6:
+    body = text.lstrip("+-")
+    whole, _, frac = body.partition(".")
+    digits = (whole + frac).lstrip("0")
+    return len(digits), sympy.Rational(1, 10 ** len(frac))
+
+
+def _exact_decimals(text):
+    """Decimal literals → exact fractions, so that the LaTeX parser never produces a float."""
+
+    def repl(m):
+        whole, _, frac = m.group(1).partition(".")
+        num = int((whole or "0") + frac) if (whole or frac) else 0
+        return r"(\frac{%d}{%d})" % (num, 10 ** len(frac))
+
+    return _DECIMAL_RE.sub(repl, text)
+
+
+def _parse_scalar(text):
+    import sympy
+
+    parser, _ = _backends()
+    if not text or parser is None:
+        return None
+    try:
+        expr = parser(_exact_decimals(text))
+    except _SoftTimeout:
+        raise
+    except Exception:
+        return None
+    if expr is None or not isinstance(expr, sympy.Basic):
+        return None
+    if isinstance(expr, (sympy.Set, sympy.logic.boolalg.Boolean)) or getattr(expr, "is_Relational", False):
+        return None
+    i = sympy.Symbol("i")
+    if i in getattr(expr, "free_symbols", ()):
+        expr = expr.subs(i, sympy.I)  # "i" is the imaginary unit
+    m = _LONE_DECIMAL_RE.match(text)
+    return _Scalar(expr, _decimal_info(m.group(0)) if m else None)
+
+
+def parse_answer(s):
+    """Normalised answer string → comparable structure (nested tuples), or ``None``. A top-level
+    comma list (or a ``\\pm``) is a ``("list", items)``."""
+    items = _parse_items(s)
+    if not items:
+        return None
+    return ("list", items) if len(items) > 1 else items[0]
+
+
+def _parse_items(inner):
+    parts = _split_top(inner, {","})
+    if len(parts) > MAX_ITEMS:
+        return None
+    out = []
+    for p in parts:
+        node = _parse_item(p)
+        if node is None:
+            return None
+        out.extend(node[1] if node[0] == "pm" else [node])
+    return out
+
+
+def _parse_item(s):
+    import sympy
+
+    if not s:
+        return None
+    if _PM_RE.search(s):  # a \pm b: the two answers a + b and a - b (every \pm alike)
+        plus = _PM_RE.sub(lambda m: "+" if m.group(0) == "\\pm" else "-", s)
+        minus = _PM_RE.sub(lambda m: "-" if m.group(0) == "\\pm" else "+", s)
+        a, b = _parse_item(plus.replace("(+", "(").lstrip("+")), _parse_item(minus)
+        return ("pm", [a, b]) if a is not None and b is not None else None
+    eq = _split_top(s, {"="})
+    if len(eq) >= 2:
+        lhs, rhs = eq[0], eq[-1]
+        if _VAR_RE.match(lhs) or (_wrapped(lhs, "(", ")") is not None and all(_VAR_RE.match(v) for v in _split_top(lhs[1:-1], {","}))):
+            node = parse_answer(rhs)  # x = 5, (x, y) = (1, 2): the value is the answer
+            return ("pm", node[1]) if node is not None and node[0] == "list" else node
+        if len(eq) == 2:
+            a, b = _parse_scalar(lhs), _parse_scalar(rhs)
+            return ("eq", a.expr - b.expr) if a is not None and b is not None else None
+        return None
+    if s.endswith("%"):
+        inner = _parse_scalar(s[:-1])
+        return ("pct", inner) if inner is not None else None
+    m = _CHOICE_RE.match(s)
+    if m is not None:
+        return ("choice", m.group(1) or m.group(2))
+    cup = _split_top(s, {"\\cup"})
+    if len(cup) > 1:
+        sets = [_as_set(_parse_item(p)) for p in cup]
+        return ("rset", sympy.Union(*sets)) if all(x is not None for x in sets) else None
+    if any(tok in _REL_TOKENS for _, tok in _tokens(s)):
+        return _parse_relation(s)
+    if s in ("\\emptyset", "\\varnothing", "\\{\\}"):
+        return ("set", [])
+    if s in ("\\mathbb{R}", "\\R"):
+        return ("rset", sympy.Reals)
+    m = _MATRIX_RE.match(s)
+    if m is not None:
+        rows = [r for r in _split_top(m.group(2), {"\\\\"}) if r != ""]
+        cells = [_split_top(r, {"&"}) for r in rows]
+        if not cells or len({len(r) for r in cells}) != 1 or sum(len(r) for r in cells) > MAX_ITEMS:
+            return None
+        parsed = [[_parse_scalar(c) for c in r] for r in cells]
+        if any(c is None for r in parsed for c in r):
+            return None
+        return ("matrix", parsed)
+    inner = _wrapped(s, "\\{", {"\\}"})
+    if inner is not None:
+        items = _parse_items(inner) if inner else []
+        return ("set", items) if items is not None else None
+    inner = _wrapped(s, "\\langle", {"\\rangle"})
+    if inner is not None:
+        items = _parse_items(inner)
+        return ("tuple", "(", ")", items) if items is not None else None
+    for opener in ("(", "["):
+        inner = _wrapped(s, opener, {")", "]"})
+        if inner is not None:
+            items = _parse_items(inner)
+            if items is None:
+                return None
+            if len(items) == 1 and opener == "(" and s.endswith(")"):
+                return items[0]  # grouping parentheses
+            return ("tuple", opener, s[-1], items)
+    if _WORD_RE.match(s):
+        return ("text", s.lower())
+    leaf = _parse_scalar(s)
+    return ("num", leaf) if leaf is not None else None
+
+
+def _parse_relation(s):
+    """An inequality (chain) in one variable → its real solution set."""
+    import sympy
+
+    parser, _ = _backends()
+    if parser is None:
+        return None
+    try:
+        rel = parser(_exact_decimals(s))
+    except _SoftTimeout:
+        raise
+    except Exception:
+        return None
+    syms = getattr(rel, "free_symbols", set())
+    if len(syms) != 1:
+        return None
+    (x,) = syms
+    try:
+        real = sympy.Symbol(x.name, real=True)
+        solved = rel.subs(x, real).as_set()
+    except _SoftTimeout:
+        raise
+    except Exception:
+        return None
+    return ("rset", solved)
+
+
+def _as_set(node):
+    """A node that denotes a set of reals (interval, union, finite set, solution set) → sympy Set."""
+    import sympy
+
+    if node is None:
+        return None
+    kind = node[0]
+    if kind == "rset":
+        return node[1]
+    if kind == "tuple" and len(node[3]) == 2 and all(n[0] == "num" for n in node[3]):
+        lo, hi = node[3][0][1].expr, node[3][1][1].expr
+        try:
+            if not (lo.is_extended_real and hi.is_extended_real) or not bool(lo < hi):
+                return None
+            return sympy.Interval(lo, hi, left_open=node[1] == "(", right_open=node[2] == ")")
+        except (TypeError, ValueError):
+            return None
+    if kind in ("set", "list") and all(n[0] == "num" for n in node[1]):
+        return sympy.FiniteSet(*[n[1].expr for n in node[1]])
+    if kind == "list":
+        parts = [_as_set(n) for n in node[1]]
+        return sympy.Union(*parts) if all(p is not None for p in parts) else None
+    if kind == "num":
+        return sympy.FiniteSet(node[1].expr)
+    return None
+
+
+# ----------------------------------------------------------------------------- comparison
+def _is_rational_number(e):
+    return getattr(e, "is_Rational", False) is True
+
+
+def _terminating(r):
+    """A rational whose decimal expansion is finite (denominator 2^a 5^b)."""
+    q = int(r.q)
+    for p in (2, 5):
+        while q % p == 0:
+            q //= p
+    return q == 1
+
+
+def _approx_match(decimal, approx, value):
+    """``decimal`` (exact Rational of a decimal literal with (digits, unit) = ``approx``) stands for
+    ``value``: ``value`` cannot be written as a finite decimal, the literal has enough significant
+    digits, and it is ``value`` rounded or truncated to the written digits."""
+    import sympy
+
+    digits, unit = approx
+    if digits < APPROX_MIN_DIGITS:
+        return False
+    if _is_rational_number(value) and _terminating(value):
+        return False
+    v = sympy.N(value, digits + 30)
+    if not v.is_real:
+        return False
+    d = sympy.N(decimal, digits + 30)
+    if d == 0 or (v > 0) != (d > 0):
+        return False
+    dv, dd = abs(v), abs(d)
+    return bool(dd - sympy.N(unit, 30) / 2 <= dv) and bool(dv < dd + sympy.N(unit, 30))
+
+
+def _doit(e):
+    try:
+        return e.doit()
+    except _SoftTimeout:
+        raise
+    except Exception:
+        return e
+
+
+def scalars_equal(a, b):
+    """Exact equality of two scalar leaves (see the module docstring for the decimal rule)."""
+    import sympy
+
+    x, y = _doit(a.expr), _doit(b.expr)
+    try:
+        if x == y:
+            return True
+    except Exception:
+        pass
+    if not isinstance(x, sympy.Expr) or not isinstance(y, sympy.Expr):
+        return False
+    if x.free_symbols or y.free_symbols:
+        try:
+            return sympy.simplify(x - y) == 0
+        except _SoftTimeout:
+            raise
+        except Exception:
+            return False
+    if _is_rational_number(x) and _is_rational_number(y):
+        if a.approx is not None and b.approx is None and _approx_match(x, a.approx, y):
+            return True
+        if b.approx is not None and a.approx is None and _approx_match(y, b.approx, x):
+            return True
+        return False  # two rational numbers: exact, never by tolerance
+    if a.approx is not None and b.approx is None:
+        return _approx_match(x, a.approx, y)
+    if b.approx is not None and a.approx is None:
+        return _approx_match(y, b.approx, x)
+    try:
+        if x.is_infinite or y.is_infinite or x.has(sympy.zoo, sympy.nan) or y.has(sympy.zoo, sympy.nan):
+            return False
+        diff = sympy.simplify(x - y)
+        if diff.is_zero is not None:
+            return bool(diff.is_zero)
+        # sympy can neither simplify the difference to 0 nor prove it non-zero (nested radicals):
+        # its adaptive evaluation, asked for EVAL_DIGITS correct digits, finds none that is non-zero
+        return bool(sympy.N(x - y, EVAL_DIGITS) == 0)
+    except _SoftTimeout:
+        raise
+    except Exception:
+        return False
+
+
+def _match_all(xs, ys):
+    """Perfect matching between two lists under ``answers_equal`` (order-free, multiplicity kept)."""
+    if len(xs) != len(ys):
+        return False
+    eq = [[answers_equal(x, y) for y in ys] for x in xs]
+    owner = [-1] * len(ys)
+
+    def augment(i, seen):
+        for j in range(len(ys)):
+            if eq[i][j] and not seen[j]:
+                seen[j] = True
+                if owner[j] < 0 or augment(owner[j], seen):
+                    owner[j] = i
+                    return True
+        return False
+
+    return all(augment(i, [False] * len(ys)) for i in range(len(xs)))
+
+
+def _dedupe(xs):
+    out = []
+    for x in xs:
+        if not any(answers_equal(x, y) for y in out):
+            out.append(x)
+    return out
+
+
+def _scaled(leaf, factor):
+    import sympy
+
+    approx = None if leaf.approx is None else (leaf.approx[0], leaf.approx[1] * factor)
+    return _Scalar(sympy.Mul(leaf.expr, factor), approx)
+
+
+def _sets_equal(a, b):
+    import sympy
+
+    if a is None or b is None:
         return False
     try:
         if a == b:
             return True
+        diff = a.symmetric_difference(b)
+        return diff.is_empty is True or diff == sympy.EmptySet
+    except _SoftTimeout:
+        raise
     except Exception:
-        pass
-    # relations: x = 5  vs  5  -> compare right-hand sides when the left side is a lone symbol
-    if isinstance(a, sympy.Eq) and isinstance(a.lhs, sympy.Symbol):
-        return _sym_equal(a.rhs, b, depth + 1)
-    if isinstance(b, sympy.Eq) and isinstance(b.lhs, sympy.Symbol):
-        return _sym_equal(a, b.rhs, depth + 1)
-    seq_types = (tuple, list, sympy.Tuple)
-    if isinstance(a, seq_types) or isinstance(b, seq_types):
-        if not (isinstance(a, seq_types) and isinstance(b, seq_types)) or len(a) != len(b):
-            return False
-        return all(_sym_equal(x, y, depth + 1) for x, y in zip(a, b))
-    if isinstance(a, sympy.FiniteSet) or isinstance(b, sympy.FiniteSet):
-        if not (isinstance(a, sympy.FiniteSet) and isinstance(b, sympy.FiniteSet)):
-            return False
-        xs, ys = list(a.args), list(b.args)
-        if len(xs) != len(ys):
-            return False
-        for x in xs:
-            for j, y in enumerate(ys):
-                if _sym_equal(x, y, depth + 1):
-                    del ys[j]
-                    break
-            else:
-                return False
-        return True
-    if isinstance(a, sympy.Interval) or isinstance(b, sympy.Interval):
-        if not (isinstance(a, sympy.Interval) and isinstance(b, sympy.Interval)):
-            return False
-        return (
-            a.left_open == b.left_open
-            and a.right_open == b.right_open
-            and _sym_equal(a.start, b.start, depth + 1)
-            and _sym_equal(a.end, b.end, depth + 1)
-        )
-    if isinstance(a, sympy.Set) or isinstance(b, sympy.Set):
-        try:
-            return bool(a == b) or bool(sympy.simplify(a.symmetric_difference(b)) == sympy.EmptySet)
-        except Exception:
-            return False
-    if not (isinstance(a, sympy.Expr) and isinstance(b, sympy.Expr)):
         return False
-    try:
-        if sympy.simplify(a - b) == 0:
+
+
+def answers_equal(a, b):
+    """Equality of two parsed answers under the documented rules (symmetric)."""
+    import sympy
+
+    ka, kb = a[0], b[0]
+    if ka == "num" and kb == "num":
+        return scalars_equal(a[1], b[1])
+    if ka == "pct" or kb == "pct":
+        if ka == "pct" and kb == "pct":
+            return scalars_equal(a[1], b[1])
+        p, other = (a, b) if ka == "pct" else (b, a)
+        if other[0] != "num":
+            return False
+        return scalars_equal(p[1], other[1]) or scalars_equal(_scaled(p[1], sympy.Rational(1, 100)), other[1])
+    if ka == "choice" or kb == "choice":
+        return ka == kb and a[1] == b[1]
+    if ka == "text" or kb == "text":
+        if ka == kb == "text" and a[1] == b[1]:
             return True
-    except Exception:
-        pass
-    if not a.free_symbols and not b.free_symbols:
+        return False
+    if ka == "list" and kb == "list":
+        return _match_all(a[1], b[1])
+    if {ka, kb} <= {"list", "set"}:
+        return _match_all(_dedupe(a[1]), _dedupe(b[1]))
+    if ka == "set" and len(a[1]) == 1 and kb != "set":
+        return answers_equal(a[1][0], b)
+    if kb == "set" and len(b[1]) == 1 and ka != "set":
+        return answers_equal(a, b[1][0])
+    if ka == "tuple" and kb == "tuple":
+        return a[1] == b[1] and a[2] == b[2] and len(a[3]) == len(b[3]) and all(
+            answers_equal(x, y) for x, y in zip(a[3], b[3])
+        )
+    if ka == "matrix" and kb == "matrix":
+        return len(a[1]) == len(b[1]) and len(a[1][0]) == len(b[1][0]) and all(
+            scalars_equal(x, y) for ra, rb in zip(a[1], b[1]) for x, y in zip(ra, rb)
+        )
+    if {ka, kb} == {"matrix", "tuple"}:
+        m, t = (a, b) if ka == "matrix" else (b, a)
+        flat = [c for r in m[1] for c in r]
+        vector = len(m[1]) == 1 or len(m[1][0]) == 1
+        return vector and len(flat) == len(t[3]) and all(
+            n[0] == "num" and scalars_equal(c, n[1]) for c, n in zip(flat, t[3])
+        )
+    if ka == "eq" and kb == "eq":
         try:
-            va, vb = complex(sympy.N(a, 30)), complex(sympy.N(b, 30))
-            if any(math.isnan(v.real) or math.isnan(v.imag) for v in (va, vb)):
-                return False
-            return abs(va - vb) <= REL_TOL * max(1.0, abs(vb))
+            ratio = sympy.simplify(a[1] / b[1])
+            return ratio.is_number and ratio != 0 and ratio.is_finite is True
+        except _SoftTimeout:
+            raise
         except Exception:
             return False
+    if "rset" in (ka, kb):
+        return _sets_equal(_as_set(a), _as_set(b))
     return False
 
 
-def _math_verify_equal(mv, pred, gold):
-    mv_parse, mv_verify = mv
-    gold_p = mv_parse("$" + gold + "$", parsing_timeout=None)
-    pred_p = mv_parse("$" + pred + "$", parsing_timeout=None)
-    if not gold_p or not pred_p:
-        return False
-    return bool(mv_verify(gold_p, pred_p, timeout_seconds=None))
-
-
 def heavy_equal(pred: str, gold: str, timeout: float = 5.0) -> tuple[bool, str]:
-    """math_verify, then sympy. Returns (equal, stage). Never raises (except _SoftTimeout is turned
-    into ``(False, "timeout")``). Uses SIGALRM only when called from the main thread."""
-    mv, parser, _ = _backends()
+    """Structure + sympy comparison of two normalised answers. Returns (equal, stage). Never raises
+    (a soft timeout gives ``(False, "timeout")``). Uses SIGALRM only when called from the main
+    thread."""
+    parser, _ = _backends()
     use_alarm = threading.current_thread() is threading.main_thread() and timeout and timeout > 0
 
     def _handler(signum, frame):
@@ -178,30 +560,15 @@ def heavy_equal(pred: str, gold: str, timeout: float = 5.0) -> tuple[bool, str]:
     if use_alarm:
         old = signal.signal(signal.SIGALRM, _handler)
         signal.setitimer(signal.ITIMER_REAL, float(timeout))
-    stage = "none"
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            if mv is not None:
-                stage = "math_verify"
-                try:
-                    if _math_verify_equal(mv, pred, gold):
-                        return True, stage
-                except _SoftTimeout:
-                    raise
-                except Exception:
-                    pass
-            if parser is not None:
-                stage = "sympy"
-                try:
-                    a, b = parser(pred), parser(gold)
-                    if _sym_equal(a, b):
-                        return True, stage
-                except _SoftTimeout:
-                    raise
-                except Exception:
-                    pass
-        return False, stage
+            if parser is None:
+                return False, "no-parser"
+            a, b = parse_answer(pred), parse_answer(gold)
+            if a is None or b is None:
+                return False, "unparsed"
+            return bool(answers_equal(a, b)), "sympy"
     except _SoftTimeout:
         return False, "timeout"
     except BaseException:  # RecursionError, MemoryError, ...
@@ -224,7 +591,7 @@ def _main():
     out = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # stray prints from libraries go to stderr, never into the protocol stream
     sys.stdout = sys.stderr
-    _, _, info = _backends()
+    _, info = _backends()
     out.write(json.dumps({"ready": True, "backends": info}) + "\n")
     out.flush()
     for line in sys.stdin:

@@ -3,19 +3,29 @@
 Standalone (stdlib only, no package imports): the source of this file is prepended to the judge and
 executor programs that :mod:`dllm_trl.rewards.code` runs with ``python -I -S -c``.
 
-Values cross the process boundary as tagged JSON, and the *decoder* (which runs in the trusted
-judge) can only ever build plain builtin objects: ``None``, ``bool``, ``int``, ``float``,
-``complex``, ``str``, ``bytes``, ``bytearray``, ``list``, ``tuple``, ``set``, ``frozenset``,
-``dict``, ``range``, ``collections.deque`` and a ``list_iterator`` (for generators / map / filter /
-zip / other iterators, exhausted in the executor). Whatever the candidate does to its own process,
-the judge therefore compares plain values with builtin ``==``; an object whose ``__eq__`` always
-returns True cannot be transported at all.
+Values cross the process boundary as tagged JSON, and the *decoder* (which, in the trusted judge,
+reads what the untrusted executor sent) only ever builds objects of trusted types: ``None``,
+``bool``, ``int``, ``float``, ``complex``, ``str``, ``bytes``, ``bytearray``, ``list``, ``tuple``,
+``set``, ``frozenset``, ``dict``, ``range``, ``collections.deque``, ``list_iterator`` (generators,
+``map``, ``itertools`` objects and other iterators are exhausted by the sender), dict views,
+``Fraction``, ``Decimal``, ``datetime.date`` / ``datetime`` / ``time`` / ``timedelta``, namedtuples
+(a namedtuple class the decoder makes itself from the field names, so equality is tuple equality)
+and :class:`Record` (a dataclass instance as its class name and field values; equality compares
+those, never the candidate's ``__eq__``). Subclasses of builtin types travel as their builtin base.
+
+Anything else is handed to the sender's ``fallback`` hook (the executor turns other objects into
+*handles*, the judge turns callables into *callbacks*); the receiver's ``resolve`` hook maps the
+tags ``h`` / ``cb`` back. Without hooks such values raise ``TypeError`` / ``CodecError``.
 
 Framing: 4-byte big-endian length, then UTF-8 JSON. Messages larger than the receiver's limit are
 a protocol error.
 """
 
 import base64
+import collections
+import datetime
+import decimal
+import fractions
 import json
 import math
 import os
@@ -24,6 +34,7 @@ import struct
 import time
 
 MAX_DEPTH = 200
+MAX_FIELDS = 256
 
 
 class CodecError(Exception):
@@ -38,16 +49,96 @@ class ChannelTimeout(Exception):
     pass
 
 
-def encode_value(obj, _depth=0):
-    """Builtin value -> JSON-compatible tagged structure. Subclasses of builtin types are coerced to
-    the builtin base (their overridden methods do not travel). Anything else raises TypeError."""
+class Record:
+    """A dataclass instance received as data: class name, field names and values, and (optionally)
+    the sender's handle of the original object so that it can be passed back unchanged."""
+
+    __slots__ = ("_name", "_fields", "_values", "_handle")
+
+    def __init__(self, name, fields, values, handle=None):
+        object.__setattr__(self, "_name", name)
+        object.__setattr__(self, "_fields", tuple(fields))
+        object.__setattr__(self, "_values", tuple(values))
+        object.__setattr__(self, "_handle", handle)
+
+    def __getattr__(self, name):
+        fields = object.__getattribute__(self, "_fields")
+        if name in fields:
+            return object.__getattribute__(self, "_values")[fields.index(name)]
+        handle = object.__getattribute__(self, "_handle")
+        if handle is not None and not name.startswith("__"):
+            return getattr(handle, name)  # methods of the dataclass: asked of the original object
+        raise AttributeError(name)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("a record received from the sandbox is read-only")
+
+    def __eq__(self, other):
+        if type(other) is not Record:
+            return NotImplemented
+        return (self._name, self._fields, self._values) == (other._name, other._fields, other._values)
+
+    def __hash__(self):
+        return hash((self._name, self._fields, self._values))
+
+    def __repr__(self):
+        inner = ", ".join("%s=%r" % kv for kv in zip(self._fields, self._values))
+        return "%s(%s)" % (self._name, inner)
+
+
+_NAMEDTUPLES = {}
+
+
+def _namedtuple_class(name, fields):
+    key = (name, fields)
+    if key not in _NAMEDTUPLES:
+        if len(_NAMEDTUPLES) > 1000:
+            _NAMEDTUPLES.clear()
+        _NAMEDTUPLES[key] = collections.namedtuple(name, fields)
+    return _NAMEDTUPLES[key]
+
+
+def _is_namedtuple(obj):
+    fields = getattr(type(obj), "_fields", None)
+    return isinstance(fields, tuple) and all(type(f) is str for f in fields)
+
+
+def _dataclass_fields(obj):
+    """Field names of a dataclass *instance*, else None (no import of dataclasses needed)."""
+    spec = getattr(type(obj), "__dataclass_fields__", None)
+    if not isinstance(spec, dict) or isinstance(obj, type):
+        return None
+    return [name for name, f in spec.items() if getattr(f, "_field_type", None) is None or
+            getattr(getattr(f, "_field_type", None), "name", "") == "_FIELD"]
+
+
+def _is_iterator(obj):
+    t = type(obj)
+    return hasattr(t, "__next__") and hasattr(t, "__iter__")
+
+
+def encode_value(obj, fallback=None, _depth=0):
+    """Value -> JSON-compatible tagged structure. ``fallback(obj)`` (optional) encodes values of
+    other types, returning a tagged dict; without it they raise ``TypeError``."""
     if _depth > MAX_DEPTH:
         raise ValueError("value nested too deeply")
     d = _depth + 1
+
+    def enc(x):
+        return encode_value(x, fallback, d)
+
     t = type(obj)
     if obj is None or obj is True or obj is False:
         return obj
-    if isinstance(obj, bool):  # bool subclass cannot exist, kept for clarity
+    if isinstance(obj, Record):
+        handle = obj._handle
+        if handle is not None and fallback is not None:
+            return fallback(obj)
+        return {"dc": [obj._name, list(obj._fields), [enc(v) for v in obj._values], None]}
+    if isinstance(obj, tuple) and _is_namedtuple(obj):
+        fields = list(type(obj)._fields)[:MAX_FIELDS]
+        return {"nt": [str(type(obj).__name__)[:100], fields, [enc(x) for x in tuple.__iter__(obj)]]}
+    if isinstance(obj, bool):
         return bool(obj)
     if isinstance(obj, int):
         v = int.__index__(obj)
@@ -61,7 +152,7 @@ def encode_value(obj, _depth=0):
         return {"x": "nan" if v != v else ("inf" if v > 0 else "-inf")}
     if isinstance(obj, complex):
         v = complex(obj.real, obj.imag) if t is not complex else obj
-        return {"c": [encode_value(float(v.real), d), encode_value(float(v.imag), d)]}
+        return {"c": [encode_value(float(v.real), None, d), encode_value(float(v.imag), None, d)]}
     if isinstance(obj, str):
         return obj if t is str else str.__str__(obj)
     if isinstance(obj, bytes):
@@ -69,25 +160,46 @@ def encode_value(obj, _depth=0):
     if isinstance(obj, bytearray):
         return {"ba": base64.b64encode(bytes(obj)).decode("ascii")}
     if isinstance(obj, tuple):
-        return {"t": [encode_value(x, d) for x in tuple.__iter__(obj)]}
+        return {"t": [enc(x) for x in tuple.__iter__(obj)]}
     if isinstance(obj, list):
-        return {"l": [encode_value(x, d) for x in list.__iter__(obj)]}
+        return {"l": [enc(x) for x in list.__iter__(obj)]}
     if isinstance(obj, frozenset):
-        return {"fs": [encode_value(x, d) for x in frozenset.__iter__(obj)]}
+        return {"fs": [enc(x) for x in frozenset.__iter__(obj)]}
     if isinstance(obj, set):
-        return {"s": [encode_value(x, d) for x in set.__iter__(obj)]}
+        return {"s": [enc(x) for x in set.__iter__(obj)]}
     if isinstance(obj, dict):
-        return {"d": [[encode_value(k, d), encode_value(v, d)] for k, v in dict.items(obj)]}
+        return {"d": [[enc(k), enc(v)] for k, v in dict.items(obj)]}
     if t is range:
         return {"r": [obj.start, obj.stop, obj.step]}
-    mod = getattr(t, "__module__", "")
-    if t.__name__ == "deque" and mod == "collections":
-        return {"dq": [encode_value(x, d) for x in list(obj)]}
-    if mod == "builtins" and hasattr(t, "__next__"):
-        # generator, map, filter, zip, enumerate, reversed, list_iterator, ...
-        return {"it": [encode_value(x, d) for x in obj]}
-    if t.__name__ in ("dict_keys", "dict_values", "dict_items") and mod == "builtins":
-        return {"l": [encode_value(x, d) for x in obj]}
+    if isinstance(obj, collections.deque):
+        return {"dq": [enc(x) for x in list(obj)]}
+    if t is type({}.keys()):
+        return {"dk": [enc(x) for x in obj]}
+    if t is type({}.values()):
+        return {"dv": [enc(x) for x in obj]}
+    if t is type({}.items()):
+        return {"di": [[enc(k), enc(v)] for k, v in obj]}
+    if isinstance(obj, fractions.Fraction):
+        return {"fr": [enc(int(obj.numerator)), enc(int(obj.denominator))]}
+    if isinstance(obj, decimal.Decimal):
+        return {"dec": str(decimal.Decimal.__str__(obj))}
+    if isinstance(obj, datetime.timedelta):
+        return {"td": [obj.days, obj.seconds, obj.microseconds]}
+    if isinstance(obj, datetime.datetime):
+        return {"dt": datetime.datetime.isoformat(obj)}
+    if isinstance(obj, datetime.date):
+        return {"da": datetime.date.isoformat(obj)}
+    if isinstance(obj, datetime.time):
+        return {"tm": datetime.time.isoformat(obj)}
+    fields = _dataclass_fields(obj)
+    if fields is not None and len(fields) <= MAX_FIELDS:
+        values = [enc(getattr(obj, f)) for f in fields]
+        handle = fallback(obj) if fallback is not None else None
+        return {"dc": [str(t.__name__)[:100], [str(f) for f in fields], values, handle]}
+    if _is_iterator(obj):
+        return {"it": [enc(x) for x in obj]}
+    if fallback is not None:
+        return fallback(obj)
     raise TypeError("cannot transport a value of type %s" % t.__name__)
 
 
@@ -96,11 +208,20 @@ def _need(cond):
         raise CodecError("malformed value")
 
 
-def decode_value(obj, _depth=0):
-    """Tagged structure (from untrusted JSON) -> plain builtin value. Raises CodecError."""
+def _identifier(s):
+    return isinstance(s, str) and 0 < len(s) <= 100 and s.isidentifier() and not s.startswith("__")
+
+
+def decode_value(obj, resolve=None, _depth=0):
+    """Tagged structure (from untrusted JSON) -> value of a trusted type (see the module
+    docstring). ``resolve(tag, v)`` (optional) maps the tags ``h`` and ``cb``. Raises CodecError."""
     if _depth > MAX_DEPTH:
         raise CodecError("value nested too deeply")
     d = _depth + 1
+
+    def dec(x):
+        return decode_value(x, resolve, d)
+
     if obj is None or isinstance(obj, (bool, str)):
         return obj
     if isinstance(obj, int):
@@ -118,7 +239,7 @@ def decode_value(obj, _depth=0):
             return float(v)
         if tag == "c":
             _need(isinstance(v, list) and len(v) == 2)
-            re_, im = decode_value(v[0], d), decode_value(v[1], d)
+            re_, im = dec(v[0]), dec(v[1])
             _need(type(re_) is float and type(im) is float)
             return complex(re_, im)
         if tag in ("b", "ba"):
@@ -128,30 +249,65 @@ def decode_value(obj, _depth=0):
         if tag == "r":
             _need(isinstance(v, list) and len(v) == 3 and all(type(x) is int for x in v))
             return range(v[0], v[1], v[2])
+        if tag in ("h", "cb"):
+            _need(resolve is not None)
+            return resolve(tag, v)
+        if tag == "dec":
+            _need(isinstance(v, str) and len(v) <= 10_000)
+            return decimal.Decimal(v)
+        if tag in ("dt", "da", "tm"):
+            _need(isinstance(v, str) and len(v) <= 64)
+            return {"dt": datetime.datetime, "da": datetime.date, "tm": datetime.time}[tag].fromisoformat(v)
+        if tag == "td":
+            _need(isinstance(v, list) and len(v) == 3 and all(type(x) is int for x in v))
+            return datetime.timedelta(days=v[0], seconds=v[1], microseconds=v[2])
+        if tag == "fr":
+            _need(isinstance(v, list) and len(v) == 2)
+            num, den = dec(v[0]), dec(v[1])
+            _need(type(num) is int and type(den) is int and den > 0)
+            return fractions.Fraction(num, den)
+        if tag == "nt":
+            _need(isinstance(v, list) and len(v) == 3 and isinstance(v[1], list) and isinstance(v[2], list))
+            name, fields, values = v
+            _need(_identifier(name) and len(fields) <= MAX_FIELDS and all(_identifier(f) for f in fields))
+            _need(len(set(fields)) == len(fields) == len(values) and not any(f.startswith("_") for f in fields))
+            return _namedtuple_class(name, tuple(fields))(*[dec(x) for x in values])
+        if tag == "dc":
+            _need(isinstance(v, list) and len(v) == 4 and isinstance(v[1], list) and isinstance(v[2], list))
+            name, fields, values, handle = v
+            _need(_identifier(name) and len(fields) <= MAX_FIELDS and all(_identifier(f) for f in fields))
+            _need(len(set(fields)) == len(fields) == len(values))
+            ref = None
+            if handle is not None:
+                _need(resolve is not None and isinstance(handle, dict) and list(handle) == ["h"])
+                ref = resolve("h", handle["h"])
+            return Record(name, fields, [dec(x) for x in values], ref)
         _need(isinstance(v, list))
         if tag == "t":
-            return tuple(decode_value(x, d) for x in v)
+            return tuple(dec(x) for x in v)
         if tag == "l":
-            return [decode_value(x, d) for x in v]
+            return [dec(x) for x in v]
         if tag == "s":
-            return set(decode_value(x, d) for x in v)
+            return set(dec(x) for x in v)
         if tag == "fs":
-            return frozenset(decode_value(x, d) for x in v)
-        if tag == "d":
+            return frozenset(dec(x) for x in v)
+        if tag in ("d", "di"):
             out = {}
             for kv in v:
                 _need(isinstance(kv, list) and len(kv) == 2)
-                out[decode_value(kv[0], d)] = decode_value(kv[1], d)
-            return out
+                out[dec(kv[0])] = dec(kv[1])
+            return out if tag == "d" else out.items()
+        if tag == "dk":
+            return dict.fromkeys(dec(x) for x in v).keys()
+        if tag == "dv":
+            return dict(enumerate(dec(x) for x in v)).values()
         if tag == "dq":
-            import collections
-
-            return collections.deque(decode_value(x, d) for x in v)
+            return collections.deque(dec(x) for x in v)
         if tag == "it":
-            return iter([decode_value(x, d) for x in v])
+            return iter([dec(x) for x in v])
     except CodecError:
         raise
-    except (TypeError, ValueError, RecursionError, OverflowError, MemoryError) as exc:
+    except (TypeError, ValueError, RecursionError, OverflowError, MemoryError, ArithmeticError) as exc:
         raise CodecError("malformed value: %s" % type(exc).__name__)
     raise CodecError("unknown tag")
 

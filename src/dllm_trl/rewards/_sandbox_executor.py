@@ -20,7 +20,12 @@ and before any candidate code runs it:
    umount, pivot_root, chroot, unshare, setns, bpf, perf_event_open, keyctl, userfaultfd and
    io_uring fail with EPERM;
 8. clears the environment; reports what was enforced ("boot" message, sent before any candidate
-   code runs, hence authentic), then executes the candidate program and serves call requests.
+   code runs, hence authentic), then executes the candidate program, reports its globals
+   ("loaded": callables and other objects as handle numbers, data as values) and serves requests:
+   calls and operations (attribute, ``len``, iteration, indexing, ``in``, ``str``) on handles,
+   answering each with data, new handles, and the new state of mutated arguments; a callable the
+   judge passed becomes a stub that asks the judge to run it (nested requests are served
+   meanwhile).
 
 After step 8 nothing this process sends is trusted: the judge treats every reply as data.
 """
@@ -219,7 +224,141 @@ def _boot():
     return rfd, wfd, program
 
 
+_MUTABLE = (list, dict, set, bytearray)
+
+
+class _Session:
+    """The executor side of the protocol: candidate objects are kept in a handle table (only their
+    handle number travels), judge callables arrive as callback stubs."""
+
+    def __init__(self, rfd, wfd):
+        self.rfd, self.wfd = rfd, wfd
+        self.objects = {}
+        self.handles = {}
+        self.next_cb = 0
+
+    # values -----------------------------------------------------------------------------------
+    def handle(self, obj):
+        cb = getattr(obj, "_judge_callback", None) if type(obj) is _Callback else None
+        if cb is not None:
+            return {"cb": cb}
+        key = id(obj)
+        hid = self.handles.get(key)
+        if hid is None:
+            hid = len(self.objects) + 1
+            self.handles[key] = hid
+            self.objects[hid] = obj
+        return {"h": [hid, str(getattr(type(obj), "__name__", "?"))[:100]]}
+
+    def resolve(self, tag, v):
+        if tag == "h" and type(v) is int and v in self.objects:
+            return self.objects[v]
+        if tag == "cb" and type(v) is int:
+            return _Callback(self, v)
+        raise CodecError("unknown reference")  # noqa: F821
+
+    def encode(self, value):
+        return encode_value(value, self.handle)  # noqa: F821
+
+    def decode(self, value):
+        return decode_value(value, self.resolve)  # noqa: F821
+
+    # requests ---------------------------------------------------------------------------------
+    def serve(self, req):
+        rid = req.get("id")
+        try:
+            target = self.resolve("h", req.get("target"))
+            op = req.get("k")
+            if op == "call":
+                args, kwargs = self.decode(req["args"]), self.decode(req["kwargs"])
+                result = target(*args, **kwargs)
+                payload = {"k": "ret", "id": rid, "v": self.encode(result), "mut": self.mutations(req, args, kwargs)}
+            else:
+                arg = self.decode(req["arg"]) if "arg" in req else None
+                kind = req.get("op")
+                if kind == "getattr":
+                    result = getattr(target, str(arg))
+                elif kind == "setattr":
+                    name, value = arg
+                    setattr(target, str(name), value)
+                    result = None
+                elif kind == "len":
+                    result = len(target)
+                elif kind == "iter":
+                    result = list(iter(target))
+                elif kind == "getitem":
+                    result = target[arg]
+                elif kind == "contains":
+                    result = arg in target
+                elif kind == "str":
+                    result = str(target)
+                else:
+                    raise ValueError("unknown operation")
+                payload = {"k": "ret", "id": rid, "v": self.encode(result), "mut": []}
+        except BaseException as exc:
+            etype = type(exc)
+            payload = {"k": "exc", "id": rid, "type": getattr(etype, "__name__", "?")[:100], "msg": str(exc)[:300]}
+        send_msg(self.wfd, payload)  # noqa: F821
+
+    def mutations(self, req, args, kwargs):
+        """New state of the mutable arguments that the call changed (in-place mutation)."""
+        out = []
+        sent_args = req["args"].get("t", []) if isinstance(req["args"], dict) else []
+        for i, (value, sent) in enumerate(zip(args, sent_args)):
+            if type(value) in _MUTABLE:
+                now = self.encode(value)
+                if now != sent:
+                    out.append([i, now])
+        sent_kwargs = {}
+        if isinstance(req["kwargs"], dict):
+            for kv in req["kwargs"].get("d", []):
+                if isinstance(kv, list) and len(kv) == 2 and isinstance(kv[0], str):
+                    sent_kwargs[kv[0]] = kv[1]
+        for key, value in kwargs.items():
+            if type(value) in _MUTABLE and key in sent_kwargs:
+                now = self.encode(value)
+                if now != sent_kwargs[key]:
+                    out.append([key, now])
+        return out
+
+    def callback(self, fid, args, kwargs):
+        """Call a judge callable: send the request, serve nested calls until its reply arrives."""
+        self.next_cb += 1
+        cid = self.next_cb
+        send_msg(self.wfd, {"k": "cb", "id": cid, "fn": fid, "args": self.encode(tuple(args)),  # noqa: F821
+                            "kwargs": self.encode(dict(kwargs))})
+        while True:
+            msg = recv_msg(self.rfd, deadline=None)  # noqa: F821
+            kind = msg.get("k")
+            if kind in ("call", "op"):
+                self.serve(msg)
+            elif kind == "cbret" and msg.get("id") == cid:
+                return self.decode(msg.get("v"))
+            elif kind == "cbexc" and msg.get("id") == cid:
+                etype = getattr(builtins, str(msg.get("type")), None)
+                if not (isinstance(etype, type) and issubclass(etype, Exception)):
+                    etype = RuntimeError
+                raise etype(str(msg.get("msg", ""))[:300])
+            else:
+                os._exit(4)
+
+
+class _Callback:
+    """Stands for a callable of the test (e.g. ``key=len``); calling it asks the judge."""
+
+    __slots__ = ("_session", "_judge_callback")
+
+    def __init__(self, session, fid):
+        self._session = session
+        self._judge_callback = fid
+
+    def __call__(self, *args, **kwargs):
+        return self._session.callback(self._judge_callback, args, kwargs)
+
+
 def _serve(rfd, wfd, program):
+    import types
+
     g = {"__name__": "__candidate__", "__builtins__": builtins}
     try:
         code = compile(program, "<candidate>", "exec")
@@ -227,20 +366,26 @@ def _serve(rfd, wfd, program):
     except BaseException as exc:  # SystemExit, KeyboardInterrupt included
         send_msg(wfd, {"k": "load_error", "e": "%s: %s" % (type(exc).__name__, str(exc)[:300])})  # noqa: F821
         os._exit(0)
-    send_msg(wfd, {"k": "loaded"})  # noqa: F821
+    session = _Session(rfd, wfd)
+    names, values = {}, {}
+    for name, value in list(g.items())[:10000]:
+        if not isinstance(name, str) or not name.isidentifier() or name.startswith("__"):
+            continue
+        if isinstance(value, types.ModuleType):
+            continue
+        try:
+            if callable(value):
+                names[name] = session.handle(value)["h"][0]
+            else:
+                values[name] = session.encode(value)
+        except Exception:
+            continue
+    send_msg(wfd, {"k": "loaded", "names": names, "values": values})  # noqa: F821
     while True:
         req = recv_msg(rfd, deadline=None)  # noqa: F821
-        rid = req.get("id")
-        try:
-            fn = g[req["name"]]
-            args = decode_value(req["args"])  # noqa: F821
-            kwargs = decode_value(req["kwargs"])  # noqa: F821
-            result = fn(*args, **kwargs)
-            payload = {"k": "ret", "id": rid, "v": encode_value(result)}  # noqa: F821
-        except BaseException as exc:
-            etype = type(exc)
-            payload = {"k": "exc", "id": rid, "type": getattr(etype, "__name__", "?")[:100], "msg": str(exc)[:300]}
-        send_msg(wfd, payload)  # noqa: F821
+        if req.get("k") not in ("call", "op"):
+            os._exit(4)
+        session.serve(req)
 
 
 def main():

@@ -2,17 +2,23 @@
 
 Standalone program (stdlib only), started by :mod:`dllm_trl.rewards.code` as
 ``python -I -S -c <codec + this file>`` with an empty environment, in its own session. It reads the
-job (JSON) from stdin and writes one JSON line per test to a private duplicate of its stdout
-(fd 1 itself is pointed at /dev/null so prints from test code cannot forge lines).
+job (JSON) from stdin and writes one JSON line per message to a private duplicate of its stdout
+(fd 1 itself is pointed at /dev/null so prints from test code cannot forge lines): a ``watch``
+line before each test (until when it may run: the caller kills a judge stuck past that, e.g. in C
+code the alarm cannot interrupt, and restarts one for the remaining tests) and a ``test`` line
+with its outcome.
 
 The candidate program never runs here. It runs in a separate *executor* process (see
 ``_sandbox_executor.py``) that the judge starts, with lower privileges. Test code runs here and sees
-the candidate's functions only as proxies: calling one ships the (builtin-valued) arguments to the
-executor, which calls the real function and ships the result back as data (see
-``_sandbox_codec.py``). Assertions and comparisons are evaluated here on plain builtin values.
-Consequently the candidate cannot patch the test machinery or builtins used by the tests, cannot
-see expected values (they never leave this process), cannot forge a pass by exiting / printing /
-writing to the channel, and ``__eq__`` tricks do not survive the transport.
+the candidate's objects only as :class:`RemoteObject` proxies: calling one ships the arguments to
+the executor, which calls the real function and ships the result back as data (see
+``_sandbox_codec.py``); objects that are not data stay in the executor and come back as proxies
+again; callables the test passes in (``key=len``, a lambda) are called back here; in-place changes
+to the test's list / dict / set arguments are written back. Assertions and comparisons are
+evaluated here on values of trusted types. Consequently the candidate cannot patch the test
+machinery or builtins used by the tests, cannot see expected values (they never leave this
+process), cannot forge a pass by exiting / printing / writing to the channel (requests carry
+unpredictable ids), and ``__eq__`` / ``__bool__`` tricks never run here.
 
 When running as root the judge also creates a mount + network + IPC namespace, mounts a size-capped
 tmpfs on the scratch folder and builds a minimal root there (read-only bind mounts of the Python
@@ -25,6 +31,7 @@ import builtins
 import ctypes
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -36,6 +43,8 @@ CLONE_NEWNET = 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 1, 4
+
+_RNG = random.SystemRandom()
 
 SAFE_IMPORTS = {
     "math", "cmath", "re", "string", "collections", "itertools", "functools", "heapq", "bisect",
@@ -123,6 +132,13 @@ def setup_fs(job):
                         paths.append(os.path.realpath(p))
                 for p in sorted(set(paths)):
                     _bind_ro(libc, scratch, p)
+                    for extra in ("site-packages", "dist-packages"):
+                        # third-party packages are not part of the promise: hide them
+                        hidden = scratch + p + "/" + extra
+                        if os.path.isdir(hidden):
+                            _mount(libc, "tmpfs", hidden, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                                   "size=4k,nr_inodes=8,mode=555")
+                            info["hidden"] = info.get("hidden", 0) + 1
                 for dev in ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random"):
                     if os.path.exists(dev):
                         _bind_ro(libc, scratch, dev, is_file=True)
@@ -158,7 +174,8 @@ class Executor:
         self.proc = None
         self.iso = None
         self.load_error = None
-        self._next = 0
+        self.names = {}
+        self.values = {}
 
     def alive(self):
         return self.proc is not None and self.proc.poll() is None
@@ -185,7 +202,7 @@ class Executor:
             except Exception:
                 pass
 
-    def start(self, boot_deadline, booted):
+    def start(self, boot_deadline, booted, resolve):
         """Start a fresh executor and load the program. Raises InfraError (sandbox broken),
         CandidateCrashed (load failed / died) or CandidateTimeout."""
         job = self.job
@@ -220,7 +237,7 @@ class Executor:
         load_deadline = booted()
         # from here on, everything the executor sends is untrusted data
         try:
-            msg = recv_msg(self.proc.stdout.fileno(), load_deadline, 1 << 16)  # noqa: F821
+            msg = recv_msg(self.proc.stdout.fileno(), load_deadline, self.job["max_message_bytes"])  # noqa: F821
         except ChannelTimeout:  # noqa: F821
             self.kill()
             raise CandidateTimeout("load")
@@ -231,39 +248,39 @@ class Executor:
             self.kill()
             self.load_error = str(msg.get("e", "?"))[:300]
             raise CandidateCrashed("load failed: %s" % self.load_error)
+        names, values = msg.get("names"), msg.get("values")
+        if not isinstance(names, dict) or not isinstance(values, dict):
+            self.kill()
+            raise CandidateCrashed("load failed: malformed names")
+        for name, hid in list(names.items())[:10000]:
+            if _is_name(name) and type(hid) is int:
+                self.names[name] = RemoteObject(self, hid, name)
+        for name, enc in list(values.items())[:10000]:
+            if _is_name(name) and name not in self.names:
+                try:
+                    self.values[name] = decode_value(enc, resolve)  # noqa: F821
+                except CodecError:  # noqa: F821
+                    continue
 
-    def call(self, name, args, kwargs, deadline):
+    def request(self, msg, deadline, callbacks, resolve):
+        """Send one request and wait for its reply, answering the executor's callback requests
+        (``callbacks``: id -> trusted callable of the test) meanwhile. Returns the decoded reply."""
         if not self.alive():
             raise CandidateCrashed("executor not running")
-        self._next += 1
-        rid = self._next
-        try:
-            req = {"k": "call", "id": rid, "name": name,
-                   "args": encode_value(tuple(args)), "kwargs": encode_value(dict(kwargs))}  # noqa: F821
-        except (TypeError, ValueError, RecursionError) as exc:
-            raise TypeError("argument not transportable to the sandbox: %s" % exc)
+        rid = msg["id"] = _RNG.getrandbits(62)  # unpredictable: replies cannot be written in advance
         ok = False
         try:
-            send_msg(self.proc.stdin.fileno(), req, deadline)  # noqa: F821
-            msg = recv_msg(self.proc.stdout.fileno(), deadline, self.job["max_message_bytes"])  # noqa: F821
-            if msg.get("id") != rid or msg.get("k") not in ("ret", "exc"):
-                raise CandidateCrashed("protocol violation")
-            if msg["k"] == "ret":
-                value = decode_value(msg.get("v"))  # noqa: F821
+            send_msg(self.proc.stdin.fileno(), msg, deadline)  # noqa: F821
+            while True:
+                reply = recv_msg(self.proc.stdout.fileno(), deadline, self.job["max_message_bytes"])  # noqa: F821
+                kind = reply.get("k")
+                if kind == "cb":
+                    self._answer_callback(reply, deadline, callbacks, resolve)
+                    continue
+                if reply.get("id") != rid or kind not in ("ret", "exc"):
+                    raise CandidateCrashed("protocol violation")
                 ok = True
-                return value
-            ok = True
-            etype = str(msg.get("type", ""))
-            emsg = str(msg.get("msg", ""))[:300]
-            cls = getattr(builtins, etype, None)
-            if isinstance(cls, type) and issubclass(cls, Exception) and cls.__module__ == "builtins":
-                try:
-                    exc = cls(emsg)
-                except Exception:
-                    exc = CandidateError("%s: %s" % (etype, emsg))
-            else:
-                exc = CandidateError("%s: %s" % (etype, emsg))
-            raise exc
+                return reply
         except ChannelTimeout:  # noqa: F821
             raise CandidateTimeout("call")
         except (ChannelClosed, BrokenPipeError) as exc:  # noqa: F821
@@ -274,46 +291,142 @@ class Executor:
             if not ok:
                 self.kill()
 
+    def _answer_callback(self, msg, deadline, callbacks, resolve):
+        fn = callbacks.get(msg.get("fn")) if type(msg.get("fn")) is int else None
+        if fn is None:
+            raise CandidateCrashed("unknown callback")
+        args = decode_value(msg.get("args"), resolve)  # noqa: F821
+        kwargs = decode_value(msg.get("kwargs"), resolve)  # noqa: F821
+        if type(args) is not tuple or type(kwargs) is not dict or not all(type(k) is str for k in kwargs):
+            raise CandidateCrashed("bad callback arguments")
+        try:
+            result = fn(*args, **kwargs)
+            reply = {"k": "cbret", "id": msg.get("id"), "v": self.encode(result, callbacks)}
+        except CandidateTimeout:
+            raise
+        except (CandidateCrashed, InfraError):
+            raise
+        except Exception as exc:
+            reply = {"k": "cbexc", "id": msg.get("id"), "type": type(exc).__name__, "msg": str(exc)[:300]}
+        send_msg(self.proc.stdin.fileno(), reply, deadline)  # noqa: F821
 
-class Remote:
-    """Proxy the tests see in place of a candidate function."""
+    def encode(self, value, callbacks):
+        """Judge value -> tagged data for the executor: handles go back as their number, callables
+        of the test become callbacks."""
 
-    __slots__ = ("_judge", "_name")
+        def fallback(obj):
+            if isinstance(obj, Record):  # noqa: F821
+                obj = obj._handle
+            if isinstance(obj, RemoteObject):
+                if obj._executor is not self:
+                    raise TypeError("object of an earlier sandbox run")
+                return {"h": obj._hid}
+            if callable(obj):
+                fid = len(callbacks) + 1
+                callbacks[fid] = obj
+                return {"cb": fid}
+            raise TypeError("cannot send a value of type %s to the sandbox" % type(obj).__name__)
 
-    def __init__(self, judge, name):
-        self._judge = judge
-        self._name = name
+        try:
+            return encode_value(value, fallback)  # noqa: F821
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise TypeError("argument not transportable to the sandbox: %s" % exc)
+
+
+def _is_name(name):
+    return isinstance(name, str) and 0 < len(name) <= 200 and name.isidentifier() and not name.startswith("__")
+
+
+class RemoteObject:
+    """What the tests see in place of a candidate object (a function, a class, an instance): calls,
+    attribute reads and writes, ``len``, iteration, indexing and ``in`` are forwarded to the
+    executor; the replies are data. Equality is identity of the sandboxed object (never the
+    candidate's ``__eq__``), and truth testing is refused (never the candidate's ``__bool__``)."""
+
+    __slots__ = ("_executor", "_hid", "_label")
+
+    def __init__(self, executor, hid, label):
+        object.__setattr__(self, "_executor", executor)
+        object.__setattr__(self, "_hid", hid)
+        object.__setattr__(self, "_label", label)
+
+    def _op(self, kind, **fields):
+        return _JUDGE.remote(self, kind, fields)
 
     def __call__(self, *args, **kwargs):
-        return self._judge.remote_call(self._name, args, kwargs)
+        return self._op("call", args=args, kwargs=kwargs)
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return self._op("op", op="getattr", arg=name)
+
+    def __setattr__(self, name, value):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        self._op("op", op="setattr", arg=(name, value))
+
+    def __len__(self):
+        n = self._op("op", op="len")
+        if type(n) is not int or n < 0:
+            raise TypeError("len() of a sandboxed object must be a non-negative int")
+        return n
+
+    def __iter__(self):
+        items = self._op("op", op="iter")
+        if type(items) is not list:
+            raise TypeError("iteration over a sandboxed object failed")
+        return iter(items)
+
+    def __getitem__(self, key):
+        return self._op("op", op="getitem", arg=key)
+
+    def __contains__(self, item):
+        found = self._op("op", op="contains", arg=item)
+        if type(found) is not bool:
+            raise TypeError("'in' on a sandboxed object must give a bool")
+        return found
+
+    def __bool__(self):
+        raise TypeError("the truth value of a sandboxed object is not taken")
+
+    def __str__(self):
+        text = self._op("op", op="str")
+        if type(text) is not str:
+            raise TypeError("str() of a sandboxed object must be a str")
+        return text
+
+    def __eq__(self, other):
+        if isinstance(other, Record):  # noqa: F821
+            other = other._handle
+        if not isinstance(other, RemoteObject):
+            return NotImplemented
+        return self._executor is other._executor and self._hid == other._hid
+
+    def __ne__(self, other):
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
+
+    def __hash__(self):
+        return hash((id(self._executor), self._hid))
 
     def __repr__(self):
-        return "<sandboxed %s>" % self._name
+        return "<sandboxed %s>" % self._label
 
 
 # ----------------------------------------------------------------------------- judge
-def candidate_names(program):
-    """Top-level names the candidate program defines (defs, classes, simple assignments)."""
+def candidate_safe_imports(program):
+    """``import math``-style statements of the program whose modules are on the allow-list: MBPP
+    tests often use ``math.isclose`` without importing math themselves. Only whole stdlib
+    *modules* are bound in the judge (never names picked out of them), never over a trusted name."""
     tree = ast.parse(program)
-    names = []
-    safe_imports = []
+    found = []
 
     def visit(body):
         for node in body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                names.append(node.name)
-            elif isinstance(node, ast.Assign):
-                for t in node.targets:
-                    if isinstance(t, ast.Name):
-                        names.append(t.id)
-            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-                names.append(node.target.id)
-            elif isinstance(node, ast.Import):
-                # "import math" in the solution: MBPP tests often use math.isclose without importing
-                # math themselves. Only whole stdlib *modules* from an allow-list are bound in the
-                # judge (never names picked out of them), and never over a trusted name.
+            if isinstance(node, ast.Import):
                 if all(a.name.split(".")[0] in SAFE_IMPORTS for a in node.names):
-                    safe_imports.append(node)
+                    found.append(node)
             elif isinstance(node, ast.If):
                 visit(node.body)
                 visit(node.orelse)
@@ -327,7 +440,11 @@ def candidate_names(program):
                 visit(node.body)
 
     visit(tree.body)
-    return names, safe_imports
+    return found
+
+
+def _names_used(code_ast):
+    return {n.id for n in ast.walk(code_ast) if isinstance(n, ast.Name)}
 
 
 class Judge:
@@ -337,11 +454,47 @@ class Judge:
         self.deadline = None
         self.load_failed = None
         self.iso = None
+        self.current = None
 
-    def remote_call(self, name, args, kwargs):
-        ex = self.ensure_executor()
-        return ex.call(name, args, kwargs, self.deadline)
+    # calls from the tests ----------------------------------------------------------------------
+    def remote(self, obj, kind, fields):
+        ex = obj._executor
+        if ex is not self.executor or not ex.alive():
+            raise CandidateCrashed("object of an earlier sandbox run")
+        callbacks = {}
+        msg = {"k": kind, "target": obj._hid}
+        if kind == "call":
+            args, kwargs = fields["args"], fields["kwargs"]
+            msg["args"] = ex.encode(tuple(args), callbacks)
+            msg["kwargs"] = ex.encode(dict(kwargs), callbacks)
+        else:
+            msg["op"] = fields["op"]
+            if "arg" in fields:
+                msg["arg"] = ex.encode(fields["arg"], callbacks)
+        resolve = self._resolve_from(ex, callbacks)
+        reply = ex.request(msg, self.deadline, callbacks, resolve)
+        if reply["k"] == "exc":
+            raise _candidate_exception(reply)
+        try:
+            value = decode_value(reply.get("v"), resolve)  # noqa: F821
+            if kind == "call":
+                _write_back(fields["args"], fields["kwargs"], reply.get("mut"), resolve)
+        except CodecError as exc:  # noqa: F821
+            ex.kill()
+            raise CandidateCrashed("bad reply: %s" % exc)
+        return value
 
+    def _resolve_from(self, ex, callbacks):
+        def resolve(tag, v):
+            if tag == "h" and isinstance(v, list) and len(v) == 2 and type(v[0]) is int:
+                return RemoteObject(ex, v[0], str(v[1])[:100])
+            if tag == "cb" and type(v) is int and v in callbacks:
+                return callbacks[v]  # one of the test's own callables, handed back
+            raise CodecError("unknown reference")  # noqa: F821
+
+        return resolve
+
+    # executor lifecycle --------------------------------------------------------------------------
     def ensure_executor(self):
         if self.load_failed:
             raise CandidateCrashed(self.load_failed)
@@ -351,15 +504,18 @@ class Judge:
             self.executor.kill()
         ex = Executor(self.job, self.chroot, self.workdir)
         t0 = time.monotonic()
+        watch(self.current, t0 + self.job["boot_timeout"] + (self.deadline - t0))
 
         def booted():
             # executor start-up (trusted code) is not charged to the candidate's time budget
             self.deadline += time.monotonic() - t0
+            watch(self.current, self.deadline)
             signal.setitimer(signal.ITIMER_REAL, max(0.01, self.deadline - time.monotonic()) + 1.0)
             return self.deadline
 
+        self.executor = ex
         try:
-            ex.start(t0 + self.job["boot_timeout"], booted)
+            ex.start(t0 + self.job["boot_timeout"], booted, self._resolve_from(ex, {}))
         except CandidateCrashed:
             if ex.load_error is not None:
                 self.load_failed = "load failed: %s" % ex.load_error
@@ -374,7 +530,6 @@ class Judge:
         if self.iso is None:
             self.iso = ex.iso
             emit({"k": "iso", "executor": ex.iso, "fs": self.fs_info})
-        self.executor = ex
         return ex
 
     def run(self):
@@ -385,11 +540,12 @@ class Judge:
             exec(compile(job.get("setup") or "", "<test setup>", "exec"), base)
         except Exception as exc:
             raise InfraError("test setup code failed: %s: %s" % (type(exc).__name__, exc))
+        first = int(job.get("first_test", 0))
         try:
-            names, safe_imports = candidate_names(job["program"])
-        except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+            safe_imports = candidate_safe_imports(job["program"])
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
             n = len(job["tests"]) if job["mode"] == "asserts" else 1
-            for i in range(n):
+            for i in range(first, n):
                 emit({"k": "test", "i": i, "passed": False, "err": "SyntaxError"})
             return
         if job["mode"] == "asserts":
@@ -402,22 +558,22 @@ class Judge:
                 for k, v in scratch_ns.items():
                     if k != "__builtins__" and k not in base:
                         base[k] = v
-            tests = []
             for i, src in enumerate(job["tests"]):
+                if i < first:
+                    continue
                 try:
-                    tests.append(compile(src, "<test %d>" % i, "exec"))
-                except SyntaxError:
-                    tests.append(None)
-            proxied = [n for n in dict.fromkeys(names) if n not in base and not hasattr(builtins, n)]
-            for i, code in enumerate(tests):
-                def body(code=code, i=i):
+                    tree = ast.parse(src)
+                    code = compile(tree, "<test %d>" % i, "exec")
+                    used = _names_used(tree)
+                except (SyntaxError, ValueError, RecursionError, MemoryError):
+                    code, used = None, set()
+
+                def body(code=code, used=used, i=i):
                     if code is None:
                         raise TestBroken("test %d does not compile" % i)
-                    self.ensure_executor()
-                    ns = dict(base)
-                    for n in proxied:
-                        ns[n] = Remote(self, n)
-                    exec(code, ns)
+                    ex = self.ensure_executor()
+                    exec(code, self.namespace(base, ex, used))
+
                 self.run_test(i, body)
         else:
             try:
@@ -428,15 +584,35 @@ class Judge:
             if not callable(check):
                 raise InfraError("test code defines no check(candidate)")
             entry = job["entry_point"]
-            # the standard HumanEval harness runs prompt + completion + test in one module, so a
-            # test may also call the function under test by name (HumanEval/33 does)
-            base[entry] = Remote(self, entry)
 
             def body():
-                self.ensure_executor()
-                check(Remote(self, entry))
+                ex = self.ensure_executor()
+                fn = ex.names.get(entry)
+                if fn is None:
+                    raise NameError("the program defines no %s" % entry)
+                # the standard HumanEval harness runs prompt + completion + test in one module, so a
+                # test may also call the function under test by name (HumanEval/33 does)
+                check.__globals__[entry] = fn
+                check(fn)
 
             self.run_test(0, body)
+
+    def namespace(self, base, ex, used):
+        """The test's globals: trusted setup first (never overridden), then what the candidate
+        defines. A candidate name that shadows a builtin is bound only when the test calls no other
+        candidate name (``assert pow(2, 3) == 8`` tests the candidate's ``pow``); when the test does
+        (``assert len(f(1)) == 3``), builtin-named definitions stay the candidate's own helpers."""
+        ns = dict(base)
+        candidate = dict(ex.values)
+        candidate.update(ex.names)
+        primary = [n for n in candidate if n in used and n not in base and not hasattr(builtins, n)]
+        for name, value in candidate.items():
+            if name in base:
+                continue
+            if hasattr(builtins, name) and (primary or name not in used):
+                continue
+            ns[name] = value
+        return ns
 
     def run_test(self, i, body):
         job = self.job
@@ -446,7 +622,9 @@ class Judge:
             emit({"k": "test", "i": i, "passed": False, "err": "total time budget exhausted"})
             return
         budget = min(budget, remaining_total)
+        self.current = i
         self.deadline = time.monotonic() + budget
+        watch(i, self.deadline)
         passed, err = False, None
         armed = [True]
 
@@ -456,24 +634,28 @@ class Judge:
 
         old = signal.signal(signal.SIGALRM, on_alarm)
         # backstop for long-running test code in this process (re-armed after an executor boot,
-        # whose time is not charged to the candidate)
+        # whose time is not charged to the candidate); C-level work that the alarm cannot
+        # interrupt is bounded by the caller, which kills this process after the watched deadline
         will_boot = self.executor is None or not self.executor.alive()
         signal.setitimer(signal.ITIMER_REAL, budget + 1.0 + (job["boot_timeout"] if will_boot else 0.0))
         try:
-            body()
-            passed = True
-        except InfraError:
-            raise
-        except TestBroken as exc:
-            err = "broken test: %s" % exc
-        except CandidateTimeout:
-            err = "timeout"
-        except BaseException as exc:
-            err = "%s: %s" % (type(exc).__name__, str(exc)[:200])
-        finally:
-            armed[0] = False
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, old)
+            try:
+                body()
+                passed = True
+            except InfraError:
+                raise
+            except TestBroken as exc:
+                err = "broken test: %s" % exc
+            except CandidateTimeout:
+                err = "timeout"
+            except BaseException as exc:
+                err = "%s: %s" % (type(exc).__name__, str(exc)[:200])
+            finally:
+                armed[0] = False
+                signal.setitimer(signal.ITIMER_REAL, 0)
+        except CandidateTimeout:  # the alarm fired while the outcome was being recorded
+            passed, err = False, "timeout"
+        signal.signal(signal.SIGALRM, old)
         if err == "timeout" and self.executor is not None:
             self.executor.kill()
         emit({"k": "test", "i": i, "passed": passed, "err": err})
@@ -483,8 +665,56 @@ class Judge:
             self.executor.kill()
 
 
+def _candidate_exception(reply):
+    """An exception raised in the sandbox, re-created here: a builtin exception type by name (so
+    ``except ValueError`` in a test works), anything else as CandidateError."""
+    etype = str(reply.get("type", ""))
+    emsg = str(reply.get("msg", ""))[:300]
+    cls = getattr(builtins, etype, None)
+    if isinstance(cls, type) and issubclass(cls, Exception) and cls.__module__ == "builtins":
+        try:
+            return cls(emsg)
+        except Exception:
+            pass
+    return CandidateError("%s: %s" % (etype, emsg))
+
+
+def _write_back(args, kwargs, mutations, resolve):
+    """Apply the executor's report of in-place changes to the test's own mutable arguments."""
+    if not isinstance(mutations, list):
+        raise CodecError("malformed mutations")  # noqa: F821
+    for item in mutations[: len(args) + len(kwargs)]:
+        if not (isinstance(item, list) and len(item) == 2):
+            raise CodecError("malformed mutations")  # noqa: F821
+        key, enc = item
+        if type(key) is int and 0 <= key < len(args):
+            target = args[key]
+        elif type(key) is str and key in kwargs:
+            target = kwargs[key]
+        else:
+            raise CodecError("malformed mutations")  # noqa: F821
+        new = decode_value(enc, resolve)  # noqa: F821
+        if type(new) is not type(target):
+            raise CodecError("mutation changed the type")  # noqa: F821
+        if type(target) in (list, bytearray):
+            target[:] = new
+        elif type(target) in (dict, set):
+            target.clear()
+            target.update(new)
+
+
+_JUDGE = None
+
+
+def watch(i, until):
+    """Tell the caller until when test ``i`` may run; past that (plus a grace) it kills this
+    process, which is how C-level work on a candidate's value (``sum(range(10**18))``) is bounded."""
+    if i is not None:
+        emit({"k": "watch", "i": i, "until": until})
+
+
 def main():
-    global _OUT
+    global _OUT, _JUDGE
     job = json.loads(sys.stdin.buffer.read().decode("utf-8"))
     _OUT = os.dup(1)
     devnull = os.open(os.devnull, os.O_RDWR)
@@ -504,7 +734,7 @@ def main():
             resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
     except Exception:
         pass
-    judge = Judge(job)
+    judge = _JUDGE = Judge(job)
     judge.total_deadline = time.monotonic() + job["total_timeout"]
     try:
         judge.run()

@@ -1,31 +1,44 @@
 r"""Code reward: the last ```` ```python ```` block of a completion, run against unit tests in an
-isolated process; reward = passed / total.
+isolated process; reward = passed / total. What is supported and what is not: ``docs/rewards.md``.
 
 Architecture (three processes per completion)
 ----------------------------------------------
 * **caller** (the trainer): builds a job, starts a *judge* (``python -I -S``, empty environment,
-  own session) and waits at most ``total_timeout + 2 * boot_timeout + 5`` seconds, then SIGKILLs the judge's
-  process group and every process still owned by the completion's sandbox uid, and removes the
-  scratch folder.
+  own session) and reads its report line by line. Before each test the judge says until when the
+  test may run; a judge still on that test a second past it (stuck in C code on a value the
+  candidate returned, e.g. ``sum(range(10**18))``, which no alarm can interrupt) is SIGKILLed with
+  its process group and every process of the completion's sandbox uid, the test fails, and a
+  fresh judge runs the remaining tests. An overall hard limit (``total_timeout + 2 *
+  boot_timeout + 5`` s) bounds everything else. The scratch folder is removed afterwards. All
+  completions of a batch are evaluated at once (:attr:`SandboxConfig.workers`), so a hostile one
+  costs its own budget, never a slot its neighbours wait for.
 * **judge** (trusted, stdlib only, ``_sandbox_judge.py``): runs the *tests* and decides pass/fail.
 * **executor** (untrusted, ``_sandbox_executor.py``): runs the *candidate program*, in the sandbox.
-  The tests call the candidate's functions through proxies; arguments and results cross the process
-  boundary as plain data (tagged JSON of builtin types, ``_sandbox_codec.py``), and every
-  assertion / comparison is evaluated in the judge on plain builtin values.
+  The tests see the candidate's objects as proxies: arguments and results cross the process
+  boundary as data (tagged JSON, ``_sandbox_codec.py``: builtin values, ``Fraction``, ``Decimal``,
+  dates, namedtuples, dataclass records, exhausted iterators); other objects (instances, classes,
+  closures) stay in the executor and are used through handles (calls, attributes, ``len``,
+  iteration, indexing, ``in``, ``str``); callables the tests pass in are called back in the
+  judge; in-place changes to list / dict / set / bytearray arguments are written back. Every
+  assertion / comparison is evaluated in the judge on values of trusted types.
 
 Guarantees when the trainer runs as **root** on Linux with namespaces available (checked by
 ``tests/test_rewards_code.py``; :func:`sandbox_capabilities` reports what holds at run time):
 
 * the pass count cannot be forged: it is computed by the judge, which the executor cannot write to
   (it never inherits the judge's output pipe), signal, ptrace or read (other uid, non-dumpable, no
-  /proc); replies are only accepted as data, so exiting (``sys.exit``/``os._exit``/``SystemExit``),
-  printing fake markers, writing forged protocol messages, patching builtins or the harness inside
-  the executor, or returning an object whose ``__eq__`` is always True cannot make a test pass;
-  expected values and test code never enter the executor (it only sees the arguments of the calls
-  made to it); names the candidate defines never shadow builtins or trusted test-setup names;
+  /proc); replies are only accepted as data answering a request whose id is random, so exiting
+  (``sys.exit``/``os._exit``/``SystemExit``), printing fake markers, writing forged protocol
+  messages, patching builtins or the harness inside the executor, or returning an object whose
+  ``__eq__`` / ``__bool__`` is always True cannot make a test pass; expected values and test code
+  never enter the executor (it only sees the arguments of the calls made to it); the candidate's
+  names never replace trusted test-setup names, and a builtin-named definition is used only as the
+  function under test (``assert pow(2, 3) == 8`` calls the candidate's ``pow``; in ``assert
+  len(f(1)) == 3`` the builtin ``len`` stays);
 * time: per-test wall-clock budget (``timeout``, module loading is charged to the first test),
-  per-completion budget, ``RLIMIT_CPU``; writes to a candidate that stopped reading are bounded
-  too; the caller's own hard limit kills the judge's process group and all sandbox-uid processes;
+  also for the judge's own work on candidate values (see *caller*), per-completion budget,
+  ``RLIMIT_CPU``; writes to a candidate that stopped reading are bounded too; the caller's own
+  hard limit kills the judge's process group and all sandbox-uid processes;
 * memory ``RLIMIT_AS`` (default 1 GiB); ``RLIMIT_FSIZE`` (16 MiB); scratch tmpfs capped (64 MiB);
   ``RLIMIT_NOFILE``; no core dumps; replies larger than 16 MiB are rejected;
 * processes: the executor runs as a fresh, unused uid/gid (random in [2^30, 2^31), or in the
@@ -35,7 +48,8 @@ Guarantees when the trainer runs as **root** on Linux with namespaces available 
   process (different uid, and seccomp blocks ``kill``/``tgkill``/``ptrace``/...);
   ``PR_SET_NO_NEW_PRIVS`` blocks set-uid binaries; regaining root is impossible;
 * filesystem: private mount namespace; the executor is chroot()ed into a tmpfs mounted on the
-  scratch folder, containing only read-only bind mounts of the Python stdlib,
+  scratch folder, containing only read-only bind mounts of the Python stdlib (its
+  ``site-packages`` covered by an empty read-only tmpfs: only the standard library is importable),
   /dev/{null,zero,random,urandom} and its private ``/tmp`` (working directory, shared by the tests
   of one completion); nothing else is visible, so nothing outside can be read, written or deleted;
   the scratch folder is removed afterwards;
@@ -44,24 +58,28 @@ Guarantees when the trainer runs as **root** on Linux with namespaces available 
 * network: private (empty) network namespace, and seccomp rejects ``socket()`` of every family.
 
 Not guaranteed: protection against kernel exploits (the sandbox shares the host kernel; seccomp is
-a deny-list, not an allow-list); CPU/cache contention between concurrent sandboxes; semantic reward
-hacking such as hard-coding the outputs for tests shown in the prompt. The judge itself runs the
-dataset's test code as the caller's user (root here), inside its own mount/network namespace.
+a deny-list, not an allow-list); CPU/cache contention between concurrent sandboxes (budgets are
+wall-clock); semantic reward hacking such as hard-coding the outputs for tests shown in the
+prompt. The judge itself runs the dataset's test code as the caller's user (root here), inside its
+own mount/network namespace.
 
 Degraded modes (reported by :func:`sandbox_capabilities`): root without CAP_SYS_ADMIN (e.g.
 Docker's default) → no mount/network namespace, no chroot: the executor runs in a 0700 scratch
-folder as the sandbox uid, so it can read world-readable files and write to world-writable places
-(/tmp, /dev/shm); ``socket()`` stays blocked by seccomp (no network, no unix-socket connections);
-only the stdlib modules pre-imported before the privilege drop are importable when the interpreter
-lives in an unreadable directory (as under /root here). Not root → no uid change: RLIMIT_NPROC still
-blocks fork (the user already owns processes), seccomp still blocks kill/ptrace/sockets, but every
-file writable by the user is writable by the candidate (this mode is not exercised by the tests).
+folder as the sandbox uid, so it can read world-readable files (third-party packages included)
+and write to world-writable places (/tmp, /dev/shm); ``socket()`` stays blocked by seccomp (no
+network, no unix-socket connections); only the stdlib modules pre-imported before the privilege
+drop are importable when the interpreter lives in an unreadable directory (as under /root here).
+Not root → no uid change: RLIMIT_NPROC still blocks fork (the user already owns processes),
+seccomp still blocks kill/ptrace/sockets, but every file writable by the user is writable by the
+candidate (this mode is not exercised by the tests).
 
-Semantics and limitations: the tested functions must take and return builtin values (numbers,
-strings, bytes, lists, tuples, sets, dicts, ranges, deques; iterators/generators are exhausted
-and arrive as ``list_iterator``); objects of user-defined classes cannot be returned (those tests
-fail); in-place mutation of arguments is not visible to the tests; the candidate cannot use
-threads or subprocesses; only the standard library is importable; stdout/stdin are /dev/null.
+Semantics and limitations (each tested in ``tests/code_program_table.py``, listed in
+``docs/rewards.md``): equality of a candidate object that is not data is identity (a class with its
+own ``__eq__`` compared with a fresh instance fails; dataclasses compare by their fields),
+truth-testing such an object raises, operators (``+``, ``<``) on it are not forwarded; methods of
+namedtuple subclasses are lost; objects the *tests* build from their own classes cannot be passed
+in; the candidate cannot use threads or subprocesses; stdout/stdin are /dev/null; the candidate
+module runs as ``__candidate__`` (its ``if __name__ == "__main__":`` block does not run).
 """
 
 from __future__ import annotations
@@ -70,12 +88,14 @@ import json
 import logging
 import os
 import random
+import select
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -95,6 +115,8 @@ __all__ = [
     "sandbox_capabilities",
 ]
 
+MAX_CONCURRENT = 64  # most completions evaluated at once by default
+
 PRELOAD_MODULES = [
     "math", "cmath", "re", "string", "collections", "itertools", "functools", "heapq", "bisect",
     "operator", "copy", "fractions", "decimal", "statistics", "typing", "numbers", "datetime",
@@ -102,7 +124,7 @@ PRELOAD_MODULES = [
     "dataclasses", "enum", "time", "abc", "collections.abc", "contextlib", "types", "weakref",
 ]
 
-PRELOAD_MODULES_MIN = ["math", "re", "collections", "itertools", "functools", "heapq", "bisect", "string", "typing", "operator", "copy"]
+PRELOAD_MODULES_MIN = ["math", "re", "collections", "itertools", "functools", "heapq", "bisect", "string", "typing", "operator", "copy", "types"]
 
 
 # =============================================================================== extraction
@@ -169,7 +191,9 @@ class SandboxConfig:
     ``max_total_timeout``); memory_mb: RLIMIT_AS of the executor; file_size_mb: RLIMIT_FSIZE;
     scratch_mb: size of the scratch tmpfs; nofile: RLIMIT_NOFILE; max_procs: RLIMIT_NPROC (1 = no
     fork, no threads); namespaces / seccomp: ``"auto"`` (use when available), ``"require"``
-    (infrastructure error when unavailable) or ``"off"``; workers: concurrent completions;
+    (infrastructure error when unavailable) or ``"off"``; workers: completions evaluated at once
+    (default ``DLLM_TRL_CODE_WORKERS``, else as many as fit in 3/4 of the RAM at ``memory_mb``
+    each, at most ``MAX_CONCURRENT``);
     boot_timeout: allowance for interpreter start-up (not charged to the candidate).
     """
 
@@ -198,7 +222,12 @@ class SandboxConfig:
                 return max(1, int(env))
             except ValueError:
                 pass
-        return max(1, min(8, os.cpu_count() or 1))
+        # as many sandboxes as fit in 3/4 of the RAM if each used its whole memory_mb, at most 64
+        try:
+            ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            ram = 8 << 30
+        return max(1, min(MAX_CONCURRENT, int(0.75 * ram) // (max(1, self.memory_mb) << 20)))
 
 
 @dataclass
@@ -424,7 +453,45 @@ def run_code_tests(
     results: dict[int, dict] = {}
     error: str | None = None
     iso: dict | None = None
-    proc = None
+    start = time.monotonic()
+    hard_deadline = start + total + cfg.boot_timeout * 2 + 5.0
+    first = 0
+    try:
+        while first < n:
+            job["first_test"] = first
+            job["total_timeout"] = max(0.0, total - (time.monotonic() - start))
+            seg_error, seg_iso, stalled = _run_judge(job, n, results, hard_deadline)
+            iso = iso or seg_iso
+            if stalled is None:
+                error = seg_error
+                break
+            # the judge was stuck on test `stalled` (C-level work on a candidate's value the alarm
+            # cannot interrupt): it was killed; that test fails, the remaining ones get a new judge
+            results[stalled] = {"i": stalled, "passed": False, "err": "timeout (the test's work on the candidate's value)"}
+            _kill_uid(uid)
+            first = stalled + 1
+            if time.monotonic() - start >= total:
+                break
+    finally:
+        _kill_uid(uid)
+        _free_uid(uid)
+        shutil.rmtree(scratch, ignore_errors=True)
+    tests_out = [results.get(i, {"i": i, "passed": False, "err": "not run"}) for i in range(n)]
+    passed = sum(1 for r in tests_out if r.get("passed") is True)
+    if error is not None:
+        _warn_once("infra:" + error[:60], f"dllm_trl code reward: sandbox infrastructure error: {error}")
+    return CodeTestResult(passed, n, tests=tests_out, error=error, isolation=iso)
+
+
+_KILL_GRACE = 1.0  # seconds past a test's watched deadline before a stuck judge is killed
+
+
+def _run_judge(job: dict, n: int, results: dict[int, dict], hard_deadline: float) -> tuple[str | None, dict | None, int | None]:
+    """One judge process, from ``job["first_test"]`` on. Fills ``results``; returns (infrastructure
+    error, isolation report, index of the test the judge was killed on or None)."""
+    error: str | None = None
+    iso: dict | None = None
+    watched: tuple[int, float] | None = None
     try:
         proc = subprocess.Popen(
             [job["python"], "-I", "-S", "-c", _judge_src()],
@@ -436,40 +503,68 @@ def run_code_tests(
             close_fds=True,
             start_new_session=True,
         )
-        hard = total + cfg.boot_timeout * 2 + 5.0
+    except OSError as exc:
+        return f"cannot start judge: {exc}", None, None
+    try:
         try:
-            out, err = proc.communicate(json.dumps(job).encode("utf-8"), timeout=hard)
+            proc.stdin.write(json.dumps(job).encode("utf-8"))
+            proc.stdin.close()
+        except OSError:
+            pass
+        fd = proc.stdout.fileno()
+        buf = b""
+        eof = False
+        while not eof:
+            limit = hard_deadline
+            if watched is not None and watched[0] not in results:
+                limit = min(limit, watched[1] + _KILL_GRACE)
+            remaining = limit - time.monotonic()
+            if remaining <= 0:
+                _killpg(proc)
+                if watched is not None and watched[0] not in results and limit < hard_deadline:
+                    return None, iso, watched[0]
+                return "judge exceeded the hard time limit", iso, None
+            ready, _, _ = select.select([fd], [], [], remaining)
+            if not ready:
+                continue
+            chunk = os.read(fd, 1 << 16)
+            eof = not chunk
+            buf += chunk
+            *lines, buf = buf.split(b"\n")
+            for line in lines:
+                try:
+                    msg = json.loads(line.decode("utf-8", "replace"))
+                except ValueError:
+                    continue
+                k = msg.get("k")
+                if k == "test" and isinstance(msg.get("i"), int) and 0 <= msg["i"] < n:
+                    results[msg["i"]] = msg
+                elif k == "watch" and isinstance(msg.get("i"), int) and isinstance(msg.get("until"), (int, float)):
+                    watched = (msg["i"], float(msg["until"]))
+                elif k == "iso":
+                    iso = msg
+                elif k == "infra":
+                    error = str(msg.get("e"))
+        try:
+            proc.wait(timeout=max(0.1, hard_deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             _killpg(proc)
-            out, err = proc.communicate()
-            error = "judge exceeded the hard time limit"
-        for line in out.decode("utf-8", "replace").splitlines():
-            try:
-                msg = json.loads(line)
-            except ValueError:
-                continue
-            k = msg.get("k")
-            if k == "test" and isinstance(msg.get("i"), int) and 0 <= msg["i"] < n:
-                results[msg["i"]] = msg
-            elif k == "iso":
-                iso = msg
-            elif k == "infra":
-                error = str(msg.get("e"))
         if proc.returncode not in (0, None) and error is None and len(results) < n:
+            err = proc.stderr.read() if proc.stderr is not None else b""
             error = f"judge exited with {proc.returncode}: {err.decode('utf-8', 'replace')[-500:]}"
-    except OSError as exc:
-        error = f"cannot start judge: {exc}"
+        return error, iso, None
     finally:
-        if proc is not None and proc.poll() is None:
+        if proc.poll() is None:
             _killpg(proc)
-        _kill_uid(uid)
-        _free_uid(uid)
-        shutil.rmtree(scratch, ignore_errors=True)
-    tests_out = [results.get(i, {"i": i, "passed": False, "err": "not run"}) for i in range(n)]
-    passed = sum(1 for r in tests_out if r.get("passed") is True)
-    if error is not None:
-        _warn_once("infra:" + error[:60], f"dllm_trl code reward: sandbox infrastructure error: {error}")
-    return CodeTestResult(passed, n, tests=tests_out, error=error, isolation=iso)
+        for f in (proc.stdout, proc.stderr):
+            try:
+                f.close()
+            except OSError:
+                pass
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
 
 
 def _killpg(proc: subprocess.Popen) -> None:
@@ -575,24 +670,45 @@ def _score(args: tuple[Any, dict, SandboxConfig]) -> float:
 
 
 def _column(values: Any, n: int, name: str) -> list:
-    """A dataset column → one entry per completion. TRL always passes columns (length ``n``); for
-    direct calls a single value (a string, or a list of assert strings whose length is not ``n``)
-    is shared by every completion."""
+    """A dataset column → one entry per completion: a list of ``n`` entries (what TRL passes), or
+    one string shared by every completion (direct calls)."""
     if values is None:
         return [None] * n
     if isinstance(values, str):
         return [values] * n
-    if isinstance(values, (list, tuple)):
-        if len(values) == n:
-            return list(values)
-        if all(isinstance(v, str) for v in values):
-            return [list(values)] * n
-    raise ValueError(f"code reward: column '{name}' has {len(values) if hasattr(values, '__len__') else '?'} entries for {n} completions")
+    if isinstance(values, (list, tuple)) and len(values) == n:
+        return list(values)
+    count = len(values) if hasattr(values, "__len__") else "?"
+    raise ValueError(f"code reward: column '{name}' has {count} entries for {n} completions; pass one entry per completion")
+
+
+def _single_assert(src: Any) -> bool:
+    import ast
+
+    try:
+        body = ast.parse(src).body
+    except (SyntaxError, ValueError):
+        return False
+    return len(body) == 1 and isinstance(body[0], ast.Assert)
+
+
+def _tests_column(values: Any, n: int, name: str) -> list:
+    """The ``tests`` / ``test_list`` column: per completion, a list of assert statements or one
+    string of test code. A flat list of assert strings is refused: whether it is one test list
+    shared by all completions or one test per completion would depend on the batch size."""
+    if isinstance(values, (list, tuple)) and values and all(isinstance(v, str) for v in values) and n > 1:
+        if len(values) != n or all(_single_assert(v) for v in values):
+            raise ValueError(
+                f"code reward: column '{name}' is a flat list of {len(values)} assert strings for {n} completions, "
+                f"which could mean one shared test list or one test per completion. Pass one list per completion: "
+                f"{name}=[tests] * {n} to share the same asserts, or {name}=[[assert_1], [assert_2], ...]."
+            )
+    return _column(values, n, name)
 
 
 def _rows(n: int, tests: Any, kwargs: dict) -> list[dict]:
     cols = {
-        "tests": _column(tests if tests is not None else kwargs.get("test_list"), n, "tests"),
+        "tests": _tests_column(tests if tests is not None else kwargs.get("test_list"), n, "tests" if tests is not None else "test_list"),
         "test": _column(kwargs.get("test"), n, "test"),
         "entry_point": _column(kwargs.get("entry_point"), n, "entry_point"),
         "test_setup_code": _column(kwargs.get("test_setup_code"), n, "test_setup_code"),
@@ -612,6 +728,8 @@ def _evaluate_batch(completions: Sequence[Any], rows: list[dict], cfg: SandboxCo
     jobs = [(c, r, cfg) for c, r in zip(completions, rows)]
     if not jobs:
         return []
+    # every completion of the batch runs at once (up to ``n_workers``), each with its own deadlines:
+    # a candidate that sleeps or spins costs its own budget, not a slot its neighbours wait for
     workers = min(cfg.n_workers(), len(jobs))
     if workers <= 1:
         return [_score(j) for j in jobs]
@@ -626,7 +744,10 @@ def code_reward(completions: Sequence[Any], tests: Any = None, **kwargs: Any) ->
 
     * ``tests`` (or MBPP's ``test_list``): a list of assert statements per row, e.g.
       ``["assert add(1, 2) == 3", ...]`` — each statement is one test; or a string of test code
-      whose top-level ``assert`` statements are the tests;
+      whose top-level ``assert`` statements are the tests. For direct calls, one test list shared
+      by ``n`` completions is written ``tests=[asserts] * n``; a flat list of assert strings is
+      refused with a ``ValueError`` (shared list or one test per completion? the answer would
+      depend on the batch size); one string of test code is shared by every completion;
     * ``test`` + ``entry_point`` (HumanEval): ``test`` defines ``check(candidate)``; one test;
     * optional ``test_setup_code`` (str) / ``test_imports`` (list[str]): trusted code run before
       the tests, in the judge (never in the sandbox);

@@ -1,14 +1,21 @@
 r"""Math answer reward: last ``\boxed{...}`` of the completion vs. the ground truth, binary.
 
-Pipeline of :func:`math_answers_equal` (first success wins):
+Pipeline of :func:`math_answers_equal` (first success wins; the rules are in ``docs/rewards.md``):
 
 1. string normalisation (:func:`normalize_math_answer`) and exact comparison — in process, cheap;
-2. ``math_verify`` (``parse`` + ``verify``) on the normalised strings;
-3. sympy: both sides parsed from LaTeX (``latex2sympy2_extended``, else ``sympy.parsing.latex``),
-   then structural comparison for tuples / sets / intervals / equations and
-   ``simplify(a - b) == 0`` or numeric closeness (relative 1e-6) for expressions.
+2. structural comparison in a worker (``_math_worker.py``): the answer's structure (lists, sets,
+   tuples / intervals, inequalities, matrices, percentages, choice letters) is read by our own
+   parser, scalar leaves by ``latex2sympy2_extended`` (a leaf it cannot read in full is not
+   equal to anything), with decimal literals rewritten as exact fractions; numbers compare exactly
+   (integers and rationals never by tolerance, decimals by their written precision), expressions
+   by sympy.
 
-Time bound (steps 2–3): they run in a persistent **worker process** (started lazily, a pool of
+``math_verify`` (which brings ``latex2sympy2_extended``) is not used to decide: its ``verify``
+rounds floats to 6 decimal places (``0.1234567`` = ``0.1234568``) and equates ``(2,3)`` with
+``2, 3``, and its ``parse`` reads the longest answer-like prefix (``72(0`` is 72), which the
+reward-hacking search (``tests/test_reward_hacking.py``) turned into false positives.
+
+Time bound (step 2): it runs in a persistent **worker process** (started lazily, a pool of
 ``DLLM_TRL_MATH_WORKERS`` processes, default ``min(2, cpu_count)``). Inside the worker a
 ``signal.setitimer`` alarm (the worker's main thread) gives a soft bound; because that cannot
 interrupt long C-level work (e.g. ``9^{9^{9^9}}`` evaluates a huge integer power), the caller waits
@@ -22,7 +29,7 @@ skipped (string comparison only) with a one-time warning.
 No parse is done with ``eval``: sympy's ``parse_expr`` is never applied to model output here.
 
 Missing backends are not silent: importing this module warns (``RuntimeWarning``) when
-``math_verify`` or ``latex2sympy2_extended`` are not installed, and the first heavy comparison
+``latex2sympy2_extended`` is not installed, and the first heavy comparison
 warns and logs an error when the worker reports that a backend is unusable (e.g. the antlr
 runtime version does not match).
 """
@@ -61,16 +68,15 @@ __all__ = [
 
 DEFAULT_TIMEOUT = 5.0
 _GRACE = 1.0  # extra seconds the caller waits beyond the worker's own soft timeout
-_STARTUP_TIMEOUT = 180.0  # importing sympy + math_verify on a loaded machine
+_STARTUP_TIMEOUT = 180.0  # importing sympy + the LaTeX parser on a loaded machine
 
-for _mod in ("math_verify", "latex2sympy2_extended"):
-    if importlib.util.find_spec(_mod) is None:  # pragma: no cover - environment dependent
-        warnings.warn(
-            f"dllm_trl.rewards.math: '{_mod}' is not installed; the math reward will fall back to "
-            "weaker comparisons (string / remaining backend). Install math-verify>=0.8.",
-            RuntimeWarning,
-            stacklevel=2,
-        )
+if importlib.util.find_spec("latex2sympy2_extended") is None:  # pragma: no cover - environment dependent
+    warnings.warn(
+        "dllm_trl.rewards.math: 'latex2sympy2_extended' is not installed; the math reward compares "
+        "normalised strings only. Install math-verify>=0.8 (it brings latex2sympy2_extended[antlr]).",
+        RuntimeWarning,
+        stacklevel=2,
+    )
 
 
 # =============================================================================== extraction
@@ -170,16 +176,24 @@ def extract_gold_answer(answer: Any) -> str | None:
 # =============================================================================== normalisation
 _TEXT_CMDS = r"(?:text|textrm|textnormal|textbf|textit|textsf|texttt|mbox|mathrm|mathbf|mathit|mathsf|operatorname)"
 _TEXT_RE = re.compile(r"\\" + _TEXT_CMDS + r"\s*\{")
-_UNIT_WORDS = (
+_UNIT = (
     "mm|cm|km|m|meters?|metres?|centimeters?|millimeters?|kilometers?|inches|inch|in|feet|foot|ft|yards?|yd|"
     "miles?|mi|mph|kph|units?|square\\s+units|sq\\s*units|cubic\\s+units|dollars?|cents?|euros?|pounds?|lbs?|"
     "kg|g|grams?|kilograms?|mg|l|liters?|litres?|ml|gallons?|quarts?|ounces?|oz|degrees?|radians?|rad|"
     "seconds?|secs?|s|minutes?|mins?|hours?|hrs?|h|days?|weeks?|months?|years?|"
-    "people|persons?|students?|apples|marbles|cookies|books|points?|times|percent"
+    "people|persons?|students?|apples|marbles|cookies|books|points?|times"
 )
-_PLAIN_UNIT_RE = re.compile(r"^(?P<num>.*?\d[^A-Za-z]*?)\s+(?:" + _UNIT_WORDS + r")(?:\^?\{?[23]\}?)?\s*$", re.I)
+_UNIT_POWER = r"(?:\^?\{?[23]\}?)?"
+_PLAIN_UNIT_RE = re.compile(
+    r"^(?P<num>.*?\d[^A-Za-z]*?)\s+(?:" + _UNIT + ")" + _UNIT_POWER
+    + r"(?:\s*/\s*(?:" + _UNIT + ")" + _UNIT_POWER + r")?\s*$",
+    re.I,
+)
+_UNIT_TEXT_RE = re.compile(r"[A-Za-z][A-Za-z\s.]*(?:\^\{?[23]\}?)?(?:\s*/\s*[A-Za-z][A-Za-z\s.]*(?:\^\{?[23]\}?)?)?")
 _NUMBER_RE = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)")
 _THOUSANDS_RE = re.compile(r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
+_E_NOTATION_RE = re.compile(r"(?<![\w.\\])(\d+\.?\d*|\.\d+)[eE]([+-]?\d{1,3})(?![\w.])")
+_LIST_WORD_RE = re.compile(r"\s+(?:or|and)\s+|\\text\s*\{\s*(?:or|and)\s*\}|,\s*(?:or|and)\s+", re.I)
 _LEADING_VAR_RE = re.compile(r"^\s*(?:[A-Za-z]|\\[A-Za-z]+)(?:_\{?[A-Za-z0-9]+\}?)?\s*(?:=|\\in(?![A-Za-z]))\s*(?P<rest>.+)$")
 
 
@@ -198,15 +212,26 @@ def _unwrap_command(s: str, cmd_re: re.Pattern) -> str:
 
 
 def _strip_text_units(s: str) -> str:
-    r"""``5\text{ cm}`` / ``5\,\mbox{cm}^2`` → ``5`` when there is a non-empty prefix with a digit."""
+    r"""``5\text{ cm}`` / ``5\,\mbox{cm}^2`` / ``12\text{ km/h}`` → ``5`` / ``12``: a trailing text
+    wrapper holding a unit-like phrase (words, ``/``, a power 2 or 3) after a prefix with a digit."""
     m = re.search(r"\\" + _TEXT_CMDS + r"\s*\{([^{}]*)\}\s*(?:\^\s*\{?\s*[23]\s*\}?)?\s*$", s)
     if m is None:
         return s
     prefix = s[: m.start()].strip()
     words = m.group(1).strip()
-    if prefix and re.search(r"\d", prefix) and re.fullmatch(r"[A-Za-z][A-Za-z\s\.]*", words or "-"):
+    if prefix and re.search(r"\d", prefix) and _UNIT_TEXT_RE.fullmatch(words or "-"):
         return prefix
     return s
+
+
+def _expand_e_notation(s: str) -> str:
+    """``1e3`` → ``1000``, ``2.5e-3`` → ``0.0025`` (exact decimal; exponents up to 3 digits)."""
+
+    def repl(m: re.Match) -> str:
+        d = Decimal(m.group(1) + "e" + m.group(2))
+        return _canonical_number(format(d, "f"))
+
+    return _E_NOTATION_RE.sub(repl, s)
 
 
 def _canonical_number(s: str) -> str:
@@ -223,17 +248,19 @@ def _canonical_number(s: str) -> str:
 
 
 def normalize_math_answer(s: Any) -> str:
-    r"""String normalisation of a final answer (idempotent, never raises).
+    r"""String normalisation of a final answer (never raises; rules in ``docs/rewards.md``).
 
     Removes: surrounding ``$``/``\(``/``\[`` delimiters, ``\left``/``\right``/``\big``,
-    ``\displaystyle``, LaTeX spacing (``\!`` ``\,`` ``\;`` ``\:`` ``\ `` ``~`` ``\quad``), degree
-    marks (``^\circ``, ``^{\circ}``, ``°``), ``\%``/``%``, ``\$``, trailing units (in ``\text{}``-like
-    wrappers after a numeric prefix, or a known unit word after a number), a leading ``x =`` /
-    ``x \in``, thousands separators (only when the *whole* answer is one number written with
-    3-digit groups, so ``(1,2)`` and ``1,2`` are untouched), trailing full stops, all whitespace.
-    Rewrites ``\dfrac``/``\tfrac``/``\cfrac`` → ``\frac``, ``\frac12`` → ``\frac{1}{2}``,
-    ``\sqrt2`` → ``\sqrt{2}``, unwraps ``\text{..}``/``\mathrm{..}`` etc., and writes plain decimal
-    numbers canonically (``0.50`` → ``0.5``, ``5.0`` → ``5``, ``.5`` → ``0.5``).
+    ``\displaystyle``, LaTeX spacing (``\!`` ``\,`` ``\;`` ``\:`` ``\ `` ``~`` ``\quad``; a row
+    break ``\\`` is kept), degree marks, ``\$``, trailing units (in ``\text{}``-like wrappers after a
+    numeric prefix, or a known unit word, also ``km/h``-style, after a number), a leading ``x =`` /
+    ``x \in``, thousands separators (``1{,}000`` anywhere; ``1,000`` only when the *whole* answer is
+    one number written with 3-digit groups and no spaces, so ``(1,2)`` and ``2, 300`` are lists),
+    trailing full stops, all whitespace. Keeps ``\%`` as ``%`` (the percent rule needs it), writes
+    ``or`` / ``and`` between answers as ``,``, expands e-notation (``1e3`` → ``1000``), rewrites
+    ``\dfrac``/``\tfrac``/``\cfrac`` → ``\frac``, ``\frac12`` → ``\frac{1}{2}``, ``\sqrt2`` →
+    ``\sqrt{2}``, unwraps ``\text{..}``/``\mathrm{..}`` etc., and writes plain decimal numbers
+    canonically (``0.50`` → ``0.5``, ``5.0`` → ``5``, ``.5`` → ``0.5``).
     """
     try:
         return _normalize(s)
@@ -269,19 +296,22 @@ def _normalize(s: Any) -> str:
     s = re.sub(r"\\(?:left|right)\s*\.", "", s)
     s = re.sub(r"\\(?:left|right|bigl|bigr|Bigl|Bigr|biggl|biggr|big|Big|bigg|Bigg)(?![A-Za-z])", "", s)
     s = re.sub(r"\\(?:[dtc]frac)(?![A-Za-z])", r"\\frac", s)
-    # degrees / percent / dollars
+    # degrees / percent
     s = re.sub(r"\^\s*\{\s*\\circ\s*\}", "", s)
     s = re.sub(r"\^\s*\\circ(?![A-Za-z])", "", s)
     s = re.sub(r"\\(?:circ|degree)(?![A-Za-z])", "", s)
-    s = s.replace("\\%", "").replace("%", "")
+    s = s.replace("\\%", "%")
+    s = re.sub(r"\s*(?:\\text\s*\{\s*percent\s*\}|(?<![A-Za-z])percent)\s*$", "%", s)
     # thousands separators in LaTeX form: 1{,}000
-    s = s.replace("{,}", ",")
-    # spacing commands (before unit handling, so "5\,\text{cm}" works)
-    s = re.sub(r"\\[,;:! ]", " ", s)
+    s = re.sub(r"(?<=\d)\{,\}(?=\d{3})", "", s)
+    # spacing commands (before unit handling, so "5\,\text{cm}" works); "\\" (a row break) stays
+    s = re.sub(r"\\\\|\\[,;:! ]", lambda m: m.group(0) if m.group(0) == "\\\\" else " ", s)
     s = re.sub(r"\\(?:q?quad|enspace|thinspace|medspace|thickspace)(?![A-Za-z])", " ", s)
     s = s.replace("~", " ")
+    s = _LIST_WORD_RE.sub(",", s)
     s = _strip_text_units(s.strip())
     s = _unwrap_command(s, _TEXT_RE)
+    s = _LIST_WORD_RE.sub(",", s)
     s = s.strip()
     m = _PLAIN_UNIT_RE.match(s)
     if m is not None and not re.search(r"[A-Za-z]", re.sub(r"\\[A-Za-z]+", "", m.group("num"))):
@@ -290,19 +320,24 @@ def _normalize(s: Any) -> str:
     m = _LEADING_VAR_RE.match(s)
     if m is not None and "=" not in m.group("rest"):
         s = m.group("rest")
+    # "\log_2 8": a one-character subscript stays one once the spaces are gone
+    s = re.sub(r"_(\w)\s+(?=\w)", r"_{\1}", s)
+    # 1,000,000 -> 1000000 (whole answer only, and only without spaces: "2, 300" is a list)
+    if _THOUSANDS_RE.fullmatch(s.strip()):
+        s = s.replace(",", "")
     s = re.sub(r"\s+", "", s)
     s = s.rstrip(".")
     if s.endswith("\\") and not s.endswith("\\\\"):
         s = s[:-1]
+    if s.startswith("{") and _match_brace(s, 0) == len(s) - 1:
+        s = s[1:-1]  # one pair of grouping braces around the whole answer
     # \frac12 -> \frac{1}{2}, \frac1{2}, \frac{1}2 ; \sqrt2 -> \sqrt{2}
     s = re.sub(r"\\frac(\d)(\d)", r"\\frac{\1}{\2}", s)
     s = re.sub(r"\\frac(\d)\{", r"\\frac{\1}{", s)
     s = re.sub(r"\\frac(\{[^{}]*\})(\d)", r"\\frac\1{\2}", s)
     s = re.sub(r"\\sqrt(\d)", r"\\sqrt{\1}", s)
     s = re.sub(r"\\sqrt\{(\d+)\}(?=\d)", r"\\sqrt{\1}", s)
-    # 1,000,000 -> 1000000 (whole answer only)
-    if _THOUSANDS_RE.fullmatch(s):
-        s = s.replace(",", "")
+    s = _expand_e_notation(s)
     if s.startswith("+") and len(s) > 1:
         s = s[1:]
     s = _canonical_number(s)
@@ -443,18 +478,11 @@ class _Worker:
 
 
 def _check_backends(info: dict) -> None:
-    if not info.get("math_verify"):
-        _warn_once(
-            "mv",
-            "dllm_trl math reward: math_verify is unavailable in the worker "
-            f"({'; '.join(info.get('errors', []))}); only string and sympy comparisons are used.",
-        )
     if not info.get("sympy_parser"):
         _warn_once(
             "sympy",
-            "dllm_trl math reward: no LaTeX parser for the sympy stage (latex2sympy2_extended and "
-            "sympy.parsing.latex/antlr4 both unusable: "
-            f"{'; '.join(info.get('errors', []))}). The sympy comparison is DISABLED.",
+            "dllm_trl math reward: no LaTeX parser for the structural stage (latex2sympy2_extended "
+            f"unusable: {'; '.join(info.get('errors', []))}). Only normalised strings are compared.",
         )
 
 
@@ -519,12 +547,12 @@ def _heavy_inline(pred: str, gold: str, timeout: float) -> bool:
         _warn_once(
             "inline-thread",
             "dllm_trl math reward: worker processes unavailable and not on the main thread, so the "
-            "math_verify/sympy checks cannot be time-bounded and are SKIPPED (string comparison only).",
+            "structural/sympy checks cannot be time-bounded and are SKIPPED (string comparison only).",
         )
         return False
     from . import _math_worker
 
-    _check_backends(_math_worker._backends()[2])
+    _check_backends(_math_worker._backends()[1])
     return _math_worker.heavy_equal(pred, gold, timeout)[0]
 
 
@@ -545,8 +573,8 @@ def _heavy_equal(pred: str, gold: str, timeout: float) -> bool:
 def math_answers_equal(pred: Any, gold: Any, timeout: float = DEFAULT_TIMEOUT) -> bool:
     """True when ``pred`` and ``gold`` denote the same answer. Never raises.
 
-    Normalised string equality first; then math_verify, then sympy, both in a worker process whose
-    answer is awaited at most ``timeout + 1`` seconds (see the module docstring).
+    Normalised string equality first; then the structural / sympy comparison in a worker process
+    whose answer is awaited at most ``timeout + 1`` seconds (see the module docstring).
     """
     try:
         if pred is None or gold is None:

@@ -24,7 +24,7 @@ class DPPOMaskConfig(RLDFConfig):
     The loss is the masked, truncated-importance-weighted policy gradient
     `−Σ M · min(π_θ(a)/μ(a), C) · A · log π_θ(a)` (+ `beta` · k3-KL to the reference): a token is dropped (`M = 0`)
     when its divergence `D(μ‖π_θ)` exceeds the threshold AND the update would push it further out. There is no
-    PPO clipping, so `epsilon` / `epsilon_high` are not used.
+    PPO clipping, so `epsilon` / `epsilon_high` / `delta` are refused.
 
     The model kind decides how the behaviour distribution `μ` is obtained:
 
@@ -67,6 +67,8 @@ class DPPOMaskConfig(RLDFConfig):
             Diffusion LMs only (SPEC §3.3). `"rollout"`: tokens committed at the sampled step take `μ` from the
             rollout record (the distribution the sampler drew them from, KV-cache approximation included), the
             other targets from `π_old(· | q, o_t)`. `"old"`: every target takes `μ` from `π_old`.
+        use_bias_correction_kl (`bool`, *optional*, defaults to `True`):
+            TRL's importance correction of the KL term (k3 weighted by `π_θ/π_old`, with gradient), as in TRL.
         block_length (`int` or `None`, *optional*, defaults to `None`):
             Diffusion block size (see [`RLDFConfig`]). `None` picks 32 when it divides `max_completion_length`,
             else a single block (causal LMs do not use it).
@@ -105,6 +107,25 @@ class DPPOMaskConfig(RLDFConfig):
         metadata={"help": "Diffusion block size; None = 32 when it divides max_completion_length, else one block."},
     )
 
+    use_bias_correction_kl: bool = field(
+        default=True, metadata={"help": "Weight the k3 KL by π_θ/π_old with gradient (TRL's default correction)."}
+    )
+
+    @classmethod
+    def refused_grpo_fields(cls) -> dict[str, str]:
+        """RLDFConfig's list, with TRL's ``loss_type`` honoured (causal LMs; restricted to :data:`LOSS_TYPES`) and the
+        ratio clipping and entropy terms refused: the divergence mask replaces clipping."""
+        refused = super().refused_grpo_fields()
+        del refused["loss_type"]
+        clip = "there is no PPO ratio clipping: the divergence mask replaces it (set divergence_threshold, δ)"
+        refused.update(
+            epsilon=clip, epsilon_high=clip, delta=clip,
+            entropy_coef="the masked policy gradient has no entropy bonus",
+            use_transformers_continuous_batching="the behaviour top-K is captured through generate()'s logits "
+            "processors",
+        )
+        return refused
+
     @property
     def mask_rule(self) -> str:
         """The rule name of :func:`~dllm_trl.losses.divergence_masks.trust_region_mask`."""
@@ -134,20 +155,6 @@ class DPPOMaskConfig(RLDFConfig):
         if self.loss_type not in LOSS_TYPES:
             raise ValueError(
                 f"loss_type={self.loss_type!r}: the masked policy gradient aggregates with one of {LOSS_TYPES}."
-            )
-        if self.delta is not None:
-            raise ValueError(
-                f"delta={self.delta!r} is GRPO's two-sided ratio clip, which the divergence mask replaces; set "
-                "divergence_threshold (δ) instead and leave delta None."
-            )
-        if self.off_policy_mask_threshold is not None:
-            raise ValueError("off_policy_mask_threshold is TRL's sequence mask; leave it None with the divergence mask.")
-        if self.entropy_coef != 0.0 or self.use_adaptive_entropy:
-            raise ValueError("entropy_coef / use_adaptive_entropy (entropy bonus) are not supported by DPPOMaskTrainer.")
-        if self.use_transformers_continuous_batching or getattr(self, "use_transformers_paged", False):
-            raise ValueError(
-                "use_transformers_continuous_batching: the behaviour top-K is captured through generate()'s logits "
-                "processors; set it to False."
             )
         if self.block_length is None:
             length = self.max_completion_length

@@ -35,18 +35,19 @@ from trl.trainer.utils import add_fused_lm_head, create_model_from_path
 from ..losses.divergence_masks import (
     directional_derivative,
     divergence,
-    gather_policy_view,
     masked_policy_gradient_terms,
+    support_log_probs,
     trust_region_mask,
     truncated_view,
 )
 from ..losses.rldf import INVALID_STEP, k3_kl, noisy_state
-from ..models.bidirectional import diffusion_config, is_bidirectional
+from ..models.bidirectional import diffusion_block_size, diffusion_config, is_bidirectional
 from ..models.engines import vocab_size as model_vocab_size
 from ..models.loading import checkpoint_family, load_diffusion_model, read_raw_config
-from ..models.scoring import completion_logits
+from ..models.engines import apply_at
+from ..models.scoring import state_canvas
 from .dppo_mask_config import DPPOMaskConfig
-from .rldf_trainer import RLDFTrainer, init_with_reference
+from .rldf_trainer import RLDFTrainer, _state_candidates, init_with_reference
 
 BEHAVIOUR_KEYS = ("behaviour_topk_ids", "behaviour_topk_logps", "behaviour_logps")
 """Batch keys of the causal path: μ top-K ids / log-probs (B, C, K) and μ(a) (B, C), aligned with completion_ids."""
@@ -208,11 +209,19 @@ class DPPOMaskTrainer(RLDFTrainer):
         self._old_pass_pending = False
         self._step_buffers = None
         if kind == "diffusion":
+            if args.loss_type != "dapo":
+                raise ValueError(
+                    f"loss_type={args.loss_type!r} applies to causal LMs; on a diffusion LM the terms are aggregated "
+                    "with loss_normalization ('token' ≈ 'dapo', 'sample' ≈ 'grpo'): set that instead."
+                )
             super().__init__(model, reward_funcs=reward_funcs, args=args, **kwargs)
-            self._mask_token_id = diffusion_config(model).mask_token_id
+            config = diffusion_config(model)
+            self._mask_token_id = config.mask_token_id
+            self._logit_shift = 1 if getattr(config, "diffusion_logit_shift", False) else 0
         else:
             self._init_causal(model, reward_funcs, args, **kwargs)
         self.model_kind = kind
+        self._vocab_size = usable  # sampleable tokens: the uniform-tail estimator spreads the tail over them
         # The sampler draws from softmax(logits / T) (plain softmax at T = 0): score π_θ the same way.
         self._score_temperature = self.temperature if self.temperature > 0 else 1.0
 
@@ -295,28 +304,34 @@ class DPPOMaskTrainer(RLDFTrainer):
         self._rollout.update(scores)
         return logps, None, None
 
-    def _state_distribution(self, model, prompt_ids, prompt_mask, state):
-        """At every completion position of ``o_t``: the raw logits, the sampler's scaled logits (/T, mask token at
-        −inf: the distribution the rollout draws from) and their logsumexp."""
-        logits = completion_logits(model, prompt_ids, prompt_mask, state)
-        scaled = logits.float() / self._score_temperature
-        scaled[..., self._mask_token_id] = float("-inf")
-        return logits, scaled, torch.logsumexp(scaled, dim=-1)
+    def _support_at(self, model, batch, rows, j, positions, support_ids, own_topk=0, use_own=None):
+        """:func:`~dllm_trl.losses.divergence_masks.support_log_probs` of ``π(· | q, o_t)`` (state ``j`` of the batch's
+        ``rows``) at completion ``positions = (row index into rows, column)``: the sampler's distribution (logits / T,
+        mask token never drawn) at ``[support_ids..., a]``, computed only there and chunk by chunk."""
+        state = noisy_state(batch["rollout_ids"][rows], batch["commit_step"][rows], batch["sampled_steps"][rows, j],
+                            self._mask_token_id)
+        input_ids, attention_mask, prompt_width = state_canvas(
+            diffusion_config(model), batch["rollout_prompt_ids"][rows], batch["rollout_prompt_mask"][rows], state,
+            self._logit_shift,
+        )
+        index, columns = positions
+        action = batch["rollout_ids"][rows][index, columns]
 
-    @staticmethod
-    def _raw_logps(logits, target_ids):
-        """RLDF's log π(a | q, o_t): plain log-softmax of the logits (its targets and KL use this one)."""
-        logits = logits.float()
-        return logits.gather(-1, target_ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+        def view(hidden, head):
+            return support_log_probs(hidden, head, support_ids, action, temperature=self._score_temperature,
+                                     excluded_id=self._mask_token_id, own_topk=own_topk, use_own=use_own)
+
+        offset = prompt_width - self._logit_shift
+        return apply_at(model, index, columns + offset, view, input_ids=input_ids, attention_mask=attention_mask,
+                        use_cache=False)
 
     def _score_sampled_states(self, model, batch, batch_size=None):
-        """No-grad old-policy pass over every sampled ``o_t``: RLDF's ``logps`` (B, k, G) and, sampler-consistent,
-        the top-K (``old_topk_ids`` int32 / ``old_topk_logps``, (B, k, G, K)) and ``old_behaviour_logps`` (B, k, G).
-        Zeros (ids −1) where the step is padding."""
+        """No-grad old-policy pass over every sampled ``o_t``, at the positions a loss term can read: RLDF's
+        ``logps`` (B, k, G) and, sampler-consistent, the top-K (``old_topk_ids`` int32 / ``old_topk_logps``,
+        (B, k, G, K)) and ``old_behaviour_logps`` (B, k, G). Zeros (ids −1) elsewhere."""
         sampled = batch["sampled_steps"]
         rows, k = sampled.shape
-        rollout_ids = batch["rollout_ids"]
-        gen, device = rollout_ids.shape[1], rollout_ids.device
+        gen, device = batch["rollout_ids"].shape[1], sampled.device
         top_k = self.args.divergence_top_k
         out = {
             "logps": torch.zeros(rows, k, gen, device=device),
@@ -328,16 +343,17 @@ class DPPOMaskTrainer(RLDFTrainer):
         for j in range(k):
             active = (sampled[:, j] != INVALID_STEP).nonzero().squeeze(1)
             for part in active.split(chunk) if active.numel() else ():
-                state = noisy_state(rollout_ids[part], batch["commit_step"][part], sampled[part, j], self._mask_token_id)
-                target = rollout_ids[part]
-                logits, scaled, lse = self._state_distribution(
-                    model, batch["rollout_prompt_ids"][part], batch["rollout_prompt_mask"][part], state
+                index, columns = _state_candidates(batch, part, j, self.args, diffusion_block_size(model)).nonzero(as_tuple=True)
+                n = index.numel()
+                view = self._support_at(
+                    model, batch, part, j, (index, columns), torch.zeros(n, top_k, dtype=torch.long, device=device),
+                    own_topk=top_k, use_own=torch.ones(n, dtype=torch.bool, device=device),
                 )
-                out["logps"][part, j] = self._raw_logps(logits, target)
-                values, ids = scaled.topk(top_k, dim=-1)
-                out["old_topk_ids"][part, j] = ids.to(torch.int32)
-                out["old_topk_logps"][part, j] = values - lse.unsqueeze(-1)
-                out["old_behaviour_logps"][part, j] = scaled.gather(-1, target.unsqueeze(-1)).squeeze(-1) - lse
+                at = (part[index], j, columns)
+                out["logps"][at] = view.raw_action
+                out["old_topk_ids"][at] = view.own_ids.to(torch.int32)
+                out["old_topk_logps"][at] = view.own_logps
+                out["old_behaviour_logps"][at] = view.support[:, -1]
         return out
 
     def _generate_and_score_completions(self, inputs):
@@ -447,20 +463,23 @@ class DPPOMaskTrainer(RLDFTrainer):
         loss_mask = mask.bool()
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
         attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
-        length = completion_ids.size(1)
-        with self.accelerator.autocast():
-            logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=length + 1, use_cache=False).logits
-        # One float32 (B, C, V) tensor: π_θ at the sampling temperature (TRL's convention, also of the ref/old passes).
-        scaled = logits[:, :-1].float() / self._score_temperature
-        del logits
-        lse = torch.logsumexp(scaled, dim=-1)
         top_k = args.divergence_top_k
         mu_ids = inputs["behaviour_topk_ids"][..., :top_k].long()
         mu_logps = inputs["behaviour_topk_logps"][..., :top_k]
         mu_action = inputs["behaviour_logps"]
-        pi_support = gather_policy_view(scaled, mu_ids, completion_ids) - lse.unsqueeze(-1)
-        vocab_size = scaled.shape[-1]
-        del scaled
+        # π_θ at the sampling temperature (TRL's convention, also of the ref/old passes), at the completion's tokens
+        # only and chunk by chunk: memory grows with tokens × K, not tokens × V.
+        rows, columns = loss_mask.nonzero(as_tuple=True)
+
+        def view(hidden, head):
+            return support_log_probs(hidden, head, mu_ids[rows, columns], completion_ids[rows, columns],
+                                     temperature=self._score_temperature)
+
+        with self.accelerator.autocast():
+            support = apply_at(model, rows, columns + prompt_ids.shape[1] - 1, view, input_ids=input_ids,
+                               attention_mask=attention_mask, use_cache=False).support
+        pi_support = support.new_zeros(*mu_ids.shape[:-1], top_k + 1).index_put((rows, columns), support)
+        vocab_size = self._vocab_size
         advantages = inputs["advantages"]
         advantages = (advantages.unsqueeze(1) if advantages.dim() == 1 else advantages).expand_as(mu_action)
         terms, parts = self._masked_terms(pi_support, mu_ids, mu_logps, completion_ids, mu_action, advantages, vocab_size)
@@ -531,7 +550,7 @@ class DPPOMaskTrainer(RLDFTrainer):
 
         μ of a target committed at ``t`` is the rollout record (``behaviour_source="rollout"``), else π_old's top-K
         at ``o_t``: from the old-policy pass, or — on-policy batches, where π_old is the current policy — from this
-        very forward (detached).
+        very forward (detached). Only the targets go through the LM head.
         """
         if self.model_kind != "diffusion":
             raise RuntimeError("_step_loss is the diffusion path's.")
@@ -539,49 +558,48 @@ class DPPOMaskTrainer(RLDFTrainer):
         top_k = args.divergence_top_k
         sampled = inputs["sampled_steps"]
         active = (sampled[:, j] != INVALID_STEP).nonzero().squeeze(1)
-        t = sampled[active, j]
-        action = inputs["rollout_ids"][active]
-        commit = inputs["commit_step"][active]
-        state = noisy_state(action, commit, t, self._mask_token_id)
-        logits, scaled, lse = self._state_distribution(
-            model, inputs["rollout_prompt_ids"][active], inputs["rollout_prompt_mask"][active], state
+        index, columns = inputs["target_mask"][active, j].nonzero(as_tuple=True)
+        rows = active[index]
+        t = sampled[rows, j]
+        action = inputs["rollout_ids"][rows, columns]
+        from_rollout = (inputs["commit_step"][rows, columns] == t) & (args.behaviour_source == "rollout")
+        roll_ids = inputs["rollout_topk_ids"][rows, columns, :top_k]
+        roll_logps = inputs["rollout_topk_logps"][rows, columns, :top_k]
+        roll_action = inputs["rollout_commit_prob"][rows, columns].float().clamp_min(1e-30).log()
+        has_old = "old_topk_ids" in inputs
+        if has_old:
+            other_ids = inputs["old_topk_ids"][rows, j, columns].long()
+            other_logps = inputs["old_topk_logps"][rows, j, columns]
+        else:  # on-policy: π_old's top-K is this forward's own
+            other_ids = torch.zeros_like(roll_ids)
+        view = self._support_at(
+            model, inputs, active, j, (index, columns), torch.where(from_rollout.unsqueeze(-1), roll_ids, other_ids),
+            own_topk=0 if has_old else top_k, use_own=None if has_old else ~from_rollout,
         )
-        from_rollout = (commit == t.view(-1, 1)) & (args.behaviour_source == "rollout")
+        pi_support = view.support
+        logps = pi_support[..., -1]
+        if not has_old:
+            other_ids, other_logps = view.own_ids, view.own_logps
         keep_rollout = from_rollout.unsqueeze(-1)
-        roll_ids = inputs["rollout_topk_ids"][active][..., :top_k]
-        roll_logps = inputs["rollout_topk_logps"][active][..., :top_k]
-        roll_action = inputs["rollout_commit_prob"][active].float().clamp_min(1e-30).log()
-        if "old_topk_ids" in inputs:
-            other_ids = inputs["old_topk_ids"][active, j].long()
-            other_logps = inputs["old_topk_logps"][active, j]
-            other_action = inputs["old_behaviour_logps"][active, j]
-        else:
-            with torch.no_grad():
-                values, other_ids = scaled.detach().topk(top_k, dim=-1)
-                other_logps = values - lse.detach().unsqueeze(-1)
-            other_action = None
         mu_ids = torch.where(keep_rollout, roll_ids, other_ids)
         mu_logps = torch.where(keep_rollout, roll_logps, other_logps)
-        pi_support = gather_policy_view(scaled, mu_ids, action) - lse.unsqueeze(-1)
-        logps = pi_support[..., -1]
-        if other_action is None:
-            other_action = logps.detach()
+        other_action = inputs["old_behaviour_logps"][rows, j, columns] if has_old else logps.detach()
         mu_action = torch.where(from_rollout, roll_action, other_action)
-        advantages = inputs["advantages"][active].view(-1, 1).expand_as(logps)
-        vocab_size = scaled.shape[-1] - 1  # the sampler never draws the mask token
-        terms, parts = self._masked_terms(pi_support, mu_ids, mu_logps, action, mu_action, advantages, vocab_size)
+        advantages = inputs["advantages"][rows]
+        terms, parts = self._masked_terms(pi_support, mu_ids, mu_logps, action, mu_action, advantages, self._vocab_size)
         if self.beta != 0.0:
-            step_kl = k3_kl(self._raw_logps(logits, action), inputs["ref_per_token_logps"][active, j])
+            step_kl = k3_kl(view.raw_action, inputs["ref_per_token_logps"][rows, j, columns])
+            if args.use_bias_correction_kl:  # as TRL: k3 weighted by π_θ/π_old (with gradient)
+                old = inputs["old_per_token_logps"][rows, j, columns] if has_old else view.raw_action.detach()
+                step_kl = step_kl * torch.exp(view.raw_action - old)
             terms = terms + self.beta * step_kl
-            kl[active, j] = step_kl.detach()
-        target = inputs["target_mask"][active, j]
+            kl[rows, j, columns] = step_kl.detach()
         parts["from_rollout"] = from_rollout
         if self._step_buffers is not None:
             for name, value in parts.items():
-                self._step_buffers[name][active, j] = value.detach().to(self._step_buffers[name].dtype)
+                self._step_buffers[name][rows, j, columns] = value.detach().to(self._step_buffers[name].dtype)
         self._record(
-            target, mu_ids=mu_ids, mu_logps=mu_logps, mu_action_logps=mu_action, pi_support=pi_support,
-            action=action, advantages=advantages, **parts,
+            torch.ones_like(from_rollout), mu_ids=mu_ids, mu_logps=mu_logps, mu_action_logps=mu_action,
+            pi_support=pi_support, action=action, advantages=advantages, **parts,
         )
-        weights = normalizer[active, j].unsqueeze(-1)
-        return torch.where(target, terms * weights, 0.0).sum()
+        return (terms * normalizer[rows, j]).sum()

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import re
 from dataclasses import dataclass, field
 
+import torch
 from trl import GRPOConfig
 
 from ..generation.config import CACHE_MODES, SAMPLING_STYLES, UNMASKING_MODES, DiffusionGenerationConfig
@@ -12,6 +15,61 @@ from ..losses.estimators import ESTIMATORS
 from ..models.engines import check_launch_environment
 
 BACKWARD_MODES = ("auto", "per_step", "per_micro_batch")
+
+_VLLM = "diffusion rollouts run in the trainer (block-wise decoding with a KV cache), not in vLLM"
+GRPO_FIELDS_REFUSED = {
+    "trust_remote_code": "checkpoints map onto transformers' own classes (load_diffusion_model); no remote code runs",
+    "router_aux_loss_coef": "MoE router losses are not added to the diffusion losses",
+    "cast_lm_head_to_fp32": "the KL reference is a copy of the policy made before TRL would cast it; log-probs are "
+    "already taken in float32",
+    "repetition_penalty": "a diffusion rollout has no left-to-right history to penalise repetitions against",
+    "generation_kwargs": "decoding is set by the RLDFConfig fields (block_length, unmasking, unmasking_threshold, "
+    "diffusion_steps, cache_mode, sampling_style, temperature, top_p, top_k, min_p)",
+    "cache_implementation": "the sampler's KV cache is set by cache_mode ('none', 'prefix', 'dual')",
+    "use_vllm": _VLLM,
+    "vllm_mode": _VLLM, "vllm_model_impl": _VLLM, "vllm_enable_sleep_mode": _VLLM,
+    "vllm_structured_outputs_regex": _VLLM, "vllm_server_base_url": _VLLM, "vllm_server_host": _VLLM,
+    "vllm_server_port": _VLLM, "vllm_server_timeout": _VLLM, "vllm_group_port": _VLLM,
+    "vllm_gpu_memory_utilization": _VLLM, "vllm_max_model_length": _VLLM, "vllm_tensor_parallel_size": _VLLM,
+    "vllm_importance_sampling_correction": _VLLM, "vllm_importance_sampling_mode": _VLLM,
+    "vllm_importance_sampling_clip_max": _VLLM, "vllm_importance_sampling_clip_min": _VLLM,
+    "vllm_importance_sampling_cap": _VLLM,
+    "use_transformers_continuous_batching": "diffusion rollouts use their own block-wise sampler",
+    "transformers_continuous_batching_config": "diffusion rollouts use their own block-wise sampler",
+    "use_transformers_paged": "diffusion rollouts use their own block-wise sampler",
+    "loss_type": "RLDF aggregates its per-token terms with loss_normalization ('token' ≈ TRL's 'dapo', 'sample' ≈ "
+    "'grpo'); set that instead",
+    "sapo_temperature_neg": "only used by loss_type='sapo', which RLDF does not implement",
+    "sapo_temperature_pos": "only used by loss_type='sapo', which RLDF does not implement",
+    "vespo_k_pos": "only used by loss_type='vespo'", "vespo_lambda_pos": "only used by loss_type='vespo'",
+    "vespo_k_neg": "only used by loss_type='vespo'", "vespo_lambda_neg": "only used by loss_type='vespo'",
+    "importance_sampling_level": "RLDF's ratios are per token at each sampled state ('token')",
+    "sync_ref_model": "not implemented for the diffusion trainers' reference copy",
+    "ref_model_mixup_alpha": "only used with sync_ref_model", "ref_model_sync_steps": "only used with sync_ref_model",
+    "top_entropy_quantile": "high-entropy token selection is not implemented for diffusion states",
+    "use_adaptive_entropy": "the adaptive entropy controller is not implemented; a fixed entropy_coef is",
+    "entropy_coef_min": "only used with use_adaptive_entropy", "entropy_coef_max": "only used with use_adaptive_entropy",
+    "entropy_coef_delta": "only used with use_adaptive_entropy", "entropy_target": "only used with use_adaptive_entropy",
+    "max_tool_calling_iterations": "tool calling is not supported by diffusion rollouts",
+    "off_policy_mask_threshold": "off-policy sequence masking is not implemented for RLDF's states; DPPOMaskTrainer's "
+    "trust-region mask is the supported off-policy control",
+}
+"""GRPOConfig fields that RLDFConfig refuses when set to anything but TRL's default, with the reason."""
+
+GRPO_FIELDS_KEPT = frozenset({
+    "model_init_kwargs", "disable_dropout", "num_generations", "num_generations_eval", "max_completion_length",
+    "ds3_gather_for_generation", "shuffle_dataset", "pad_to_multiple_of", "generation_batch_size",
+    "steps_per_generation", "temperature", "top_p", "top_k", "min_p", "chat_template_kwargs", "beta",
+    "num_iterations", "epsilon", "delta", "epsilon_high", "reward_weights", "multi_objective_aggregation",
+    "scale_rewards", "mask_truncated_completions", "entropy_coef", "use_bias_correction_kl", "log_completions",
+    "log_multimodal", "num_completions_to_print", "log_unique_prompts", "log_completions_hub_repo",
+})
+"""GRPOConfig fields whose TRL meaning holds for the diffusion trainers (TRL's machinery or RLDF's own code honours
+them). Together with :data:`GRPO_FIELDS_REFUSED` they cover every GRPOConfig field (tests/test_config_fields.py)."""
+
+_SAMPLER_NAMES = {"gen_length": "max_completion_length", "threshold": "unmasking_threshold", "steps": "diffusion_steps",
+                  "cache": "cache_mode", "sampling": "sampling_style"}
+"""DiffusionGenerationConfig field -> the RLDFConfig field that sets it (for error messages)."""
 
 
 @dataclass
@@ -64,6 +122,9 @@ class RLDFConfig(GRPOConfig):
         complementary_masking (`bool`, *optional*, defaults to `False`):
             `"random_masking"` only: add a second state that masks exactly the positions the first leaves
             visible (a complementary pair: every valid token is a target of exactly one of the two).
+        use_bias_correction_kl (`bool`, *optional*, defaults to `False`):
+            TRL's importance correction of the KL term: the k3 estimate weighted by `π_θ/π_old` (with gradient). Paper 1
+            uses the plain k3 estimator, hence the default (TRL's is `True`).
         backward_mode (`str`, *optional*, defaults to `"auto"`):
             `"per_step"`: one backward per sampled step, so only one state's activations are alive (least memory;
             SPEC §2.3). `"per_micro_batch"`: the steps' losses are summed and backpropagated once (k states'
@@ -122,9 +183,9 @@ class RLDFConfig(GRPOConfig):
     max_completion_length: int | None = field(default=256, metadata={"help": "Diffusion generation length."})
     beta: float = field(default=0.01, metadata={"help": "k3-KL weight (paper: 0.01 LLaDA, 0.04 Dream)."})
     learning_rate: float = field(default=1e-6, metadata={"help": "Learning rate (paper: 1e-6)."})
-    ddp_broadcast_buffers: bool | None = field(
+    use_bias_correction_kl: bool = field(
         default=False,
-        metadata={"help": "Off: processes run different numbers of forwards per step (one per sampled step)."},
+        metadata={"help": "Weight the k3 KL by π_θ/π_old with gradient (TRL's correction); paper 1 uses the plain k3."},
     )
 
     def __post_init__(self):
@@ -168,17 +229,32 @@ class RLDFConfig(GRPOConfig):
         if self.backward_mode not in BACKWARD_MODES:
             raise ValueError(f"backward_mode={self.backward_mode!r}: expected one of {BACKWARD_MODES}.")
         check_launch_environment(self.use_cpu)
-        if self.use_vllm:
-            raise ValueError("use_vllm=True: diffusion rollouts run in the trainer; set use_vllm=False.")
-        if self.sync_ref_model:
-            raise ValueError("sync_ref_model=True is not supported by the diffusion trainers yet; set it to False.")
-        if self.importance_sampling_level != "token":
-            raise ValueError("importance_sampling_level must be 'token' for RLDF (per-token ratios at each state).")
-        if self.top_entropy_quantile != 1.0:
-            raise ValueError("top_entropy_quantile is not supported by RLDF; leave it at 1.0.")
+        defaults = {f.name: f for f in dataclasses.fields(GRPOConfig)}
+        for name, reason in self.refused_grpo_fields().items():
+            default = defaults[name].default
+            if default is dataclasses.MISSING:
+                default = defaults[name].default_factory()
+            if getattr(self, name) != default:
+                raise ValueError(
+                    f"{name}={getattr(self, name)!r} is not supported by {type(self).__name__}: {reason}. Leave it at "
+                    f"TRL's default ({default!r})."
+                )
+        if self.dataloader_pin_memory and not torch.accelerator.is_available():
+            self.dataloader_pin_memory = False  # nothing to pin for; the DataLoader would warn on every run
         super().__post_init__()
-        # Validate the sampler settings now rather than at the first rollout.
-        self.diffusion_generation_config()
+        # Validate the sampler settings now rather than at the first rollout, naming this config's fields.
+        try:
+            self.diffusion_generation_config()
+        except ValueError as error:
+            message = str(error)
+            for sampler_name, own_name in _SAMPLER_NAMES.items():
+                message = re.sub(rf"\b{sampler_name}=", f"{own_name}=", message)
+            raise ValueError(message) from None
+
+    @classmethod
+    def refused_grpo_fields(cls) -> dict[str, str]:
+        """The GRPOConfig fields this config refuses at a non-default value (:data:`GRPO_FIELDS_REFUSED`)."""
+        return dict(GRPO_FIELDS_REFUSED)
 
     def diffusion_generation_config(self, seed: int | None = None) -> DiffusionGenerationConfig:
         """The sampler settings these arguments describe."""
@@ -191,6 +267,7 @@ class RLDFConfig(GRPOConfig):
             temperature=self.temperature,
             top_p=self.top_p if self.top_p < 1.0 else None,
             top_k=self.top_k if self.top_k else None,
+            min_p=self.min_p,
             sampling=self.sampling_style,
             cache=self.cache_mode,
             seed=seed,

@@ -42,15 +42,30 @@ from ..losses.estimators import (
     estimator_targets,
 )
 from ..losses.packed_states import pack_sampled_states, packed_read_positions, states_per_forward
-from ..losses.rldf import INVALID_STEP, k3_kl, policy_token_terms, sample_timesteps, step_uncertainty
-from ..models.bidirectional import attention_mask_dtype, diffusion_block_size, diffusion_config, make_bidirectional
+from ..losses.rldf import (
+    INVALID_STEP,
+    clean_target_mask,
+    k3_kl,
+    policy_token_terms,
+    sample_timesteps,
+    step_uncertainty,
+)
+from ..models.bidirectional import (
+    attention_mask_dtype,
+    diffusion_block_size,
+    diffusion_config,
+    eos_token_ids,
+    make_bidirectional,
+)
 from ..models.engines import (
     backward_syncs_every_call,
     backward_without_step,
     broadcast_from_main,
     check_launch,
     check_weights_pass_gradients,
+    gradients_accessible,
     is_partitioned,
+    keep_buffers_out_of_ddp,
     paused_gradient_sync,
     unwrap_model,
 )
@@ -108,6 +123,27 @@ def reference_copy(model, load=None):
             **from_pretrained_kwargs,
         )
     return load(path, **from_pretrained_kwargs)
+
+
+def check_training_inputs(model, train_dataset, tokenizer) -> None:
+    """Clear errors, up front, for inputs TRL would fail on deep inside (or silently train nothing with)."""
+    if train_dataset is not None and hasattr(train_dataset, "__len__"):
+        if len(train_dataset) == 0:
+            raise ValueError("train_dataset is empty: there is nothing to train on.")
+        columns = getattr(train_dataset, "column_names", None)
+        if columns is not None and "prompt" not in columns:
+            raise ValueError(
+                f"train_dataset has no 'prompt' column (it has {columns}): rename the column that holds the prompts, "
+                "e.g. dataset.rename_column('question', 'prompt'), or load it with dllm_trl.data.load_task_dataset."
+            )
+    tokenizer_mask = getattr(tokenizer, "mask_token_id", None)
+    model_mask = getattr(getattr(model, "config", None), "mask_token_id", None)
+    if tokenizer_mask is not None and model_mask is not None and tokenizer_mask != model_mask:
+        raise ValueError(
+            f"The tokenizer's mask token (id {tokenizer_mask}) is not the model's (config.mask_token_id={model_mask}): "
+            "the model would be trained on a token it was never pre-trained to fill. Pass the checkpoint's tokenizer, or "
+            "load the model with load_diffusion_model(..., mask_token_id=...)."
+        )
 
 
 def init_with_reference(trainer, parent_init, model, args, load=None, **kwargs):
@@ -177,7 +213,9 @@ class RLDFTrainer(GRPOTrainer):
                 f"policy_estimator={args.policy_estimator!r} has no block-diffusion form (its states mask every block "
                 f"at once, which a block-diffusion model never decodes from); use one of {TRAJECTORY_ESTIMATORS}."
             )
+        check_training_inputs(model, kwargs.get("train_dataset"), kwargs.get("processing_class"))
         reference = init_with_reference(self, super().__init__, model, args, reward_funcs=reward_funcs, **kwargs)
+        keep_buffers_out_of_ddp(self.model)
         if reference is not None:
             self.ref_model = self._prepare_reference(reference)
 
@@ -190,6 +228,8 @@ class RLDFTrainer(GRPOTrainer):
         self._mask_seed_generator = torch.Generator()
         self._mask_seed_generator.manual_seed(args.seed + MASK_SEED_OFFSET + 1000003 * self.accelerator.process_index)
         self._rollout = None
+        # Targets fixed by the loss forward, awaiting their batch normaliser (see _finish_pending_normalization).
+        self._pending_loss = self._pending_target_count = torch.zeros((), device=device)
 
     def _prepare_reference(self, reference: PreTrainedModel) -> PreTrainedModel:
         reference.requires_grad_(False)
@@ -313,26 +353,92 @@ class RLDFTrainer(GRPOTrainer):
         output = super()._generate_and_score_completions(inputs)
         rollout, self._rollout = self._rollout, None
         output.update(rollout)
+        if self.args.mask_truncated_completions:  # as TRL: a completion that never reached EOS is not learnt from
+            eos = torch.tensor(eos_token_ids(diffusion_config(self.model)), device=output["rollout_ids"].device)
+            truncated = ~torch.isin(output["rollout_ids"], eos).any(1)
+            output["valid_mask"] = output["valid_mask"] * (~truncated).unsqueeze(1)
+            output["sampled_steps"] = output["sampled_steps"].masked_fill(truncated.unsqueeze(1), INVALID_STEP)
         if self.args.drop_zero_variance_groups and self.model.training:
-            advantages = self.accelerator.gather(output["advantages"])
-            group_zero = (advantages.view(-1, self.num_generations) == 0).all(1)
-            local = group_zero.repeat_interleave(self.num_generations)
-            start = self.accelerator.process_index * output["advantages"].shape[0]
-            drop = local[start : start + output["advantages"].shape[0]]
+            rows = output["advantages"].shape[0]
+            start = self.accelerator.process_index * rows
+            drop = self._zero_variance_rows()[start : start + rows]
             output["sampled_steps"] = output["sampled_steps"].masked_fill(drop.unsqueeze(1), INVALID_STEP)
 
-        # Clean targets (Alg. 3) read π_old, the policy that produced the batch; fixing them now makes the
-        # batch's target count known before the loss, so each sampled step can be backpropagated on its own.
+        # Clean targets (Alg. 3) read π_old, the policy that produced the batch. On-policy, π_old is the policy of
+        # the loss forward itself, so that forward fixes them (k forwards per micro-batch); otherwise (or when the
+        # batch normaliser must be known before any backward) a no-grad pass over the sampled states fixes them now.
         old_logps = output.get("old_per_token_logps")
         if old_logps is None and self.args.policy_estimator == "rldf":  # the other estimators' targets ignore π_old
+            if self._clean_targets_from_loss():
+                output["target_mask"] = self._candidate_mask(output)
+                output["targets_pending"] = torch.ones(output["sampled_steps"].shape[0], dtype=torch.bool,
+                                                       device=output["sampled_steps"].device)
+                return output
             with torch.no_grad():
-                old_logps = self._logps_at_sampled_states(self.model, output, batch_size=self.args.per_device_train_batch_size)
+                old_logps = self._logps_at_sampled_states(
+                    self.model, output, batch_size=self.args.per_device_train_batch_size
+                )
         output["target_mask"] = self._target_mask(output, old_logps)
         if "target_weight" in output:  # per-token weights (random masking): counts are weighted counts
             output["num_target_tokens"] = self.accelerator.gather(output["target_weight"].sum()).sum()
         else:
             output["num_target_tokens"] = self.accelerator.gather(output["target_mask"].sum()).sum()
         return output
+
+    _entropy_all = None
+    """(B, k, G) entropies of the states' target distributions in the current loss call (None: not computed)."""
+
+    _pending_token_norm = False
+    """Whether the micro-batch just computed awaits its batch normaliser (see :meth:`_finish_pending_normalization`)."""
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._gathered_rewards = rewards  # (every process's completions, reward functions): see _zero_variance_rows
+        return rewards
+
+    def _zero_variance_rows(self) -> torch.Tensor:
+        """(all processes' rows,) bool: the rows of groups whose advantages carry no signal (paper App. C.3).
+
+        Read from the gathered rewards as TRL's own ``frac_reward_zero_std`` is (a std within float rounding of 0),
+        not from ``advantages == 0``, which the rounding of the group mean defeats: with ``sum_then_normalize`` the
+        weighted sum is constant in the group; with ``normalize_then_sum`` every reward function is.
+        """
+        rewards = self._gathered_rewards
+        groups = rewards.view(-1, self.num_generations, rewards.shape[-1])
+        if self.args.multi_objective_aggregation == "sum_then_normalize":
+            total = (groups * self.reward_weights.to(rewards.device)).nansum(-1)
+            zero = torch.nan_to_num(total.std(1), nan=0.0) <= 1e-6 * (1 + total.abs().mean(1))
+        else:
+            spread = torch.nan_to_num(groups.std(1), nan=0.0)
+            zero = (spread <= 1e-6 * (1 + groups.abs().mean(1))).all(-1)
+        return zero.repeat_interleave(self.num_generations)
+
+    defer_clean_targets = True
+    """On-policy batches fix their clean targets in the loss forward (see :meth:`_clean_targets_from_loss`); set it
+    to ``False`` on an instance to run the separate no-grad π_old pass instead (the same targets and gradients)."""
+
+    def _clean_targets_from_loss(self) -> bool:
+        """Whether this on-policy batch's clean targets can come from the loss forward itself.
+
+        ``sample`` normalisation needs only each state's own target count. ``token`` normalisation needs the target
+        count of the whole generation batch: the steps are backpropagated unnormalised and the gradients divided by
+        that count after the last micro-batch, before clipping (:meth:`training_step`) — which needs the generation
+        batch to be exactly one optimizer step and the gradients at hand (DeepSpeed keeps them in its own buffers).
+        """
+        if not (self.defer_clean_targets and self.model.training) or type(self)._step_loss is not RLDFTrainer._step_loss:
+            return False
+        if self.args.loss_normalization == "sample":
+            return True
+        return self.args.steps_per_generation == self.args.gradient_accumulation_steps and gradients_accessible(
+            self.accelerator
+        )
+
+    def _candidate_mask(self, batch):
+        """(B, k, G): every position that can be a target of each sampled state (:func:`estimator_candidates`)."""
+        rows = torch.arange(batch["sampled_steps"].shape[0], device=batch["sampled_steps"].device)
+        block_size = diffusion_block_size(self.model)
+        return torch.stack([_state_candidates(batch, rows, j, self.args, block_size)
+                            for j in range(batch["sampled_steps"].shape[1])], dim=1)
 
     def _target_mask(self, batch, old_logps):
         """Ô_t (B, k, G) for every sampled step (the estimator's targets of every state); empty for padding steps.
@@ -372,9 +478,15 @@ class RLDFTrainer(GRPOTrainer):
         normalizer = self._loss_normalizer(inputs, mode)
         kl = torch.zeros(targets.shape, device=targets.device)
         ratio_all = torch.ones_like(kl)
+        own_terms = type(self)._step_loss is RLDFTrainer._step_loss  # a subclass's terms may have no entropy / clip
+        self._entropy_all = torch.zeros_like(kl) if own_terms else None
         step_valid = sampled != INVALID_STEP
         active_steps = step_valid.any(0).nonzero().squeeze(1).tolist()
         training = mode == "train" and torch.is_grad_enabled()
+        # Targets from this forward under "token" normalisation: the batch's count is applied to the gradients after
+        # the last micro-batch (training_step), or, without a backward, to the value below.
+        pending_count = "targets_pending" in inputs and self.args.loss_normalization == "token"
+        self._pending_token_norm = pending_count and training
         if training:
             check_weights_pass_gradients(model)
         chunks = self._loss_chunks(model, inputs, active_steps)
@@ -393,35 +505,56 @@ class RLDFTrainer(GRPOTrainer):
                 graph = step_loss if graph is None else graph + step_loss
         if graph is None:  # nothing to learn from: a zero that still flows through the model (DDP needs a graph)
             graph = self._zero_loss(model, inputs)
+        if pending_count and not training:
+            count = self.accelerator.reduce(targets.sum().float().reshape(1), reduction="sum").clamp(min=1.0).squeeze()
+            total, graph = total / count, graph / count
         loss = graph + (total - graph.detach())
+        clipped = "old_per_token_logps" in inputs and own_terms  # PPO clipping happened
         self._log_rldf_metrics(mode, targets, step_valid, inputs["valid_mask"].bool(), kl, ratio_all,
-                               inputs["advantages"], "old_per_token_logps" in inputs)
+                               inputs["advantages"], clipped)
         self._metrics[mode]["rldf/loss_time"].append(time.perf_counter() - start)
         return loss
 
-    def _step_loss(self, model, inputs, j, normalizer, kl, ratio_all, logps=None):
-        """Weighted sum of the per-token terms of sampled step ``j`` over the rows that have one (``logps``: their
-        log-probs at the state when already scored, by a packed forward)."""
+    def _step_loss(self, model, inputs, j, normalizer, kl, ratio_all, scored=None):
+        """Weighted sum of the per-token terms of sampled step ``j`` over the rows that have one (``scored``: their
+        ``(log-probs, entropies)`` at the state's read positions when already computed, by a packed forward)."""
         sampled = inputs["sampled_steps"]
         active = (sampled[:, j] != INVALID_STEP).nonzero().squeeze(1)
-        if logps is None:
+        read = inputs["target_mask"][active, j]
+        if scored is None:
             mask_id = diffusion_config(model).mask_token_id
             prompt_ids, prompt_mask, state = _state_inputs(inputs, active, j, mask_id, self.args)
-            read = inputs["target_mask"][active, j]
-            logps = completion_token_logps(model, prompt_ids, prompt_mask, state, inputs["rollout_ids"][active], read_mask=read)
+            scored = completion_token_logps(model, prompt_ids, prompt_mask, state, inputs["rollout_ids"][active],
+                                            read_mask=read, with_entropy=True)
+        logps, entropy = scored
+        targets = read
+        if "targets_pending" in inputs:  # on-policy: Ô_t from this very forward (π_θ = π_old, detached)
+            targets = read & clean_target_mask(inputs["commit_step"][active], inputs["valid_mask"][active],
+                                               sampled[active, j], logps.detach().exp(), self.args.clean_target_threshold)
+            inputs["target_mask"][active, j] = targets
+            if self._pending_token_norm:  # (training only: without a backward the count is applied in _compute_loss)
+                self._pending_target_count = self._pending_target_count + targets.sum()
         old_all, ref_all = inputs.get("old_per_token_logps"), inputs.get("ref_per_token_logps")
         old = None if old_all is None else old_all[active, j]
-        terms, ratio = policy_token_terms(logps, inputs["advantages"][active], old, self.epsilon_low, self.epsilon_high)
+        terms, ratio = policy_token_terms(logps, inputs["advantages"][active], old, self.epsilon_low, self.epsilon_high,
+                                          delta=self.args.delta)
         if self.beta != 0.0:
             step_kl = k3_kl(logps, ref_all[active, j])
+            if self.args.use_bias_correction_kl:  # as TRL: k3 weighted by π_θ/π_old, with gradient
+                step_kl = step_kl * torch.exp(logps - (logps.detach() if old is None else old))
             terms = terms + self.beta * step_kl
             kl[active, j] = step_kl.detach()
+        if self.args.entropy_coef != 0.0:  # as TRL: an entropy bonus per target token
+            terms = terms - self.args.entropy_coef * entropy
+        self._entropy_all[active, j] = entropy.detach()
         if ratio is not None:
             ratio_all[active, j] = ratio.detach()
         weights = normalizer[active, j].unsqueeze(-1)
         if "target_weight" in inputs:
             weights = weights * inputs["target_weight"][active, j]
-        return (terms * inputs["target_mask"][active, j] * weights).sum()
+        if "targets_pending" in inputs and self.args.loss_normalization == "sample":
+            weights = weights / targets.sum(-1, keepdim=True).clamp(min=1)  # the 1/|Ô_t| of Eq. 10
+        return (terms * targets * weights).sum()
 
     # ------------------------------------------------------------------ block-diffusion models: packed states
     def _packs_states(self, model) -> bool:
@@ -447,19 +580,21 @@ class RLDFTrainer(GRPOTrainer):
             return self._step_loss(model, inputs, j, normalizer, kl, ratio_all)
         sampled = inputs["sampled_steps"]
         rows = (sampled[:, steps] != INVALID_STEP).any(1).nonzero().squeeze(1)
-        logps = self._packed_state_logps(model, inputs, rows, steps, inputs["target_mask"][rows][:, steps])
+        logps, entropy = self._packed_state_logps(model, inputs, rows, steps, inputs["target_mask"][rows][:, steps],
+                                                  with_entropy=True)
         where = torch.full((sampled.shape[0],), -1, dtype=torch.long, device=rows.device)
         where[rows] = torch.arange(rows.numel(), device=rows.device)
         loss = 0.0
         for n, j in enumerate(steps):
             active = (sampled[:, j] != INVALID_STEP).nonzero().squeeze(1)
-            loss = loss + self._step_loss(model, inputs, j, normalizer, kl, ratio_all, logps=logps[where[active], n])
+            scored = (logps[where[active], n], entropy[where[active], n])
+            loss = loss + self._step_loss(model, inputs, j, normalizer, kl, ratio_all, scored=scored)
         return loss
 
-    def _packed_state_logps(self, model, batch, rows, steps, read):
+    def _packed_state_logps(self, model, batch, rows, steps, read, with_entropy=False):
         """``log π(o_i | q, o_t)`` (len(rows), len(steps), G) at ``read`` for the sampled steps ``steps`` (indices
         into ``sampled_steps``) of ``rows``: one forward over the prompt, the clean completion and each state's
-        noisy block (SPEC §7)."""
+        noisy block (SPEC §7). ``with_entropy``: also the entropy of ``π(· | q, o_t)`` there (same shape)."""
         config = diffusion_config(model)
         shift = 1 if getattr(config, "diffusion_logit_shift", False) else 0
         rollout_ids = batch["rollout_ids"][rows]
@@ -469,11 +604,12 @@ class RLDFTrainer(GRPOTrainer):
             config.mask_token_id, attention_mask_dtype(model),
         )
         read_rows, read_columns, index = packed_read_positions(packed, read, shift)
-        logps = token_logps_at(
-            model, read_rows, read_columns, rollout_ids[index[0], index[2]], input_ids=packed.input_ids,
-            attention_mask=packed.attention_mask, position_ids=packed.position_ids,
+        values = token_logps_at(
+            model, read_rows, read_columns, rollout_ids[index[0], index[2]], with_entropy=with_entropy,
+            input_ids=packed.input_ids, attention_mask=packed.attention_mask, position_ids=packed.position_ids,
         )
-        return torch.zeros(read.shape, dtype=logps.dtype, device=logps.device).index_put(index, logps)
+        scatter = lambda v: torch.zeros(read.shape, dtype=v.dtype, device=v.device).index_put(index, v)  # noqa: E731
+        return tuple(scatter(v) for v in values) if with_entropy else scatter(values)
 
     def _packed_logps_at_sampled_states(self, model, batch, batch_size=None):
         """:meth:`_logps_at_sampled_states` of a block-diffusion model: every state's candidates, rows in chunks of
@@ -499,15 +635,41 @@ class RLDFTrainer(GRPOTrainer):
         token, averaged over the micro-batch's completions and accumulation steps (TRL's ``grpo``).
         """
         targets, sampled = inputs["target_mask"], inputs["sampled_steps"]
+        pending = "targets_pending" in inputs  # targets fixed in the loss forward: counts applied later
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1
         if self.args.loss_normalization == "token":
-            count = inputs["num_target_tokens"].clamp(min=1.0) / self.accelerator.num_processes
-            if mode == "train":
-                count = count * accumulation / self.args.steps_per_generation
-            return torch.ones(sampled.shape, device=sampled.device) / count
-        per_step = (targets.sum(-1) if "target_weight" not in inputs else inputs["target_weight"].sum(-1)).clamp(min=1)
+            share = self.accelerator.num_processes * (self.args.steps_per_generation / accumulation if mode == "train" else 1)
+            count = 1.0 if pending else inputs["num_target_tokens"].clamp(min=1.0)  # pending: see training_step
+            return torch.full(sampled.shape, share, device=sampled.device) / count
+        if pending:  # the 1/|Ô_t| factor is applied by _step_loss
+            per_step = torch.ones(sampled.shape, device=sampled.device)
+        else:
+            weighted = targets.sum(-1) if "target_weight" not in inputs else inputs["target_weight"].sum(-1)
+            per_step = weighted.clamp(min=1)
         steps = (sampled != INVALID_STEP).sum(-1, keepdim=True).clamp(min=1)
         return 1.0 / (per_step * steps * sampled.shape[0] * accumulation)
+
+    def training_step(self, model, inputs, num_items_in_batch):
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        return self._finish_pending_normalization(model, loss) if self._pending_token_norm else loss
+
+    def _finish_pending_normalization(self, model, loss):
+        """``token`` normalisation of a batch whose targets came from the loss forward (:meth:`_clean_targets_from_loss`).
+
+        Its micro-batches were backpropagated without the ``1/count`` of Eq. 13: after the last one, the gradients
+        are divided by the generation batch's target count (all processes), before the Trainer clips them. The loss
+        the Trainer logs is returned in full by the last micro-batch (0 by the others).
+        """
+        self._pending_loss = self._pending_loss + loss
+        if not self.accelerator.sync_gradients:
+            return torch.zeros_like(loss)
+        count = self.accelerator.reduce(self._pending_target_count.float().reshape(1), reduction="sum").clamp(min=1.0)
+        for param in model.parameters():
+            if param.grad is not None:
+                param.grad.div_(count.to(param.grad.dtype))
+        total = self._pending_loss / count.to(loss.dtype).squeeze()
+        self._pending_loss = self._pending_target_count = torch.zeros((), device=loss.device)
+        return total
 
     @property
     def _per_step_backward(self) -> bool:
@@ -529,10 +691,14 @@ class RLDFTrainer(GRPOTrainer):
         target_count = targets.sum().float()
         lengths = valid.sum(-1, keepdim=True).float().clamp_min(1).expand_as(step_valid)
         utility = (targets.sum(-1).float() / lengths * step_valid).sum()
-        stats = reduce(torch.stack([target_count, steps, utility, (kl * targets).sum()]))
+        rows = torch.tensor(float(step_valid.shape[0]), device=steps.device)
+        entropy = (self._entropy_all * targets).sum() if self._entropy_all is not None else torch.zeros_like(steps)
+        stats = reduce(torch.stack([target_count, steps, utility, (kl * targets).sum(), rows, entropy]))
         self._metrics[mode]["rldf/target_tokens_per_step"].append((stats[0] / stats[1].clamp_min(1)).item())
         self._metrics[mode]["rldf/token_utility"].append((stats[2] / stats[1].clamp_min(1)).item())
-        self._metrics[mode]["rldf/sampled_steps"].append((stats[1] / max(step_valid.shape[0], 1)).item())
+        self._metrics[mode]["rldf/sampled_steps"].append((stats[1] / stats[4].clamp_min(1)).item())
+        if self._entropy_all is not None:  # TRL's metric: mean entropy of the tokens the loss reads
+            self._metrics[mode]["entropy"].append((stats[5] / stats[0].clamp_min(1)).item())
         if self.beta != 0.0:
             self._metrics[mode]["kl"].append((stats[3] / stats[0].clamp_min(1)).item())
         if ppo:
