@@ -83,7 +83,8 @@ def build_model(args):
 
 
 def make_prompts(args, model, batch):
-    return rollout.make_prompts(argparse.Namespace(seed=args.seed, prompt_length=args.prompt_length), model, batch)
+    return rollout.make_prompts(argparse.Namespace(seed=args.seed, prompt_length=args.prompt_length, device=args.device),
+                                 model, batch)
 
 
 def generation_config(args, unmasking, cache, gen_length=None, **overrides):
