@@ -2,15 +2,34 @@
 
 import pytest
 
-from dllm_trl.__main__ import main, moving_average
+from dllm_trl.__main__ import main, moving_average, parse_args
 
 
 def test_moving_average_is_a_trailing_mean():
     assert moving_average([1.0, 3.0, 5.0, 7.0], window=2) == [1.0, 2.0, 4.0, 6.0]
 
 
+def test_flags_are_trl_style_with_hyphenated_aliases(capsys):
+    args = parse_args(["--output_dir", "a", "--max-steps", "3", "--learning_rate", "1e-4", "--skip_eval"])
+    assert (args.output_dir, args.max_steps, args.learning_rate, args.skip_eval) == ("a", 3, 1e-4, True)
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    assert "(default: 60)" in capsys.readouterr().out  # the help shows every default
+    with pytest.raises(SystemExit):
+        parse_args(["--eval_size", "0"])
+    assert "--skip_eval" in capsys.readouterr().err
+
+
+def test_main_job_runs_with_evaluation_skipped(tmp_path, capsys):
+    summary = main(["--output_dir", str(tmp_path), "--max_steps", "1", "--prompts_per_step", "1",
+                    "--num_generations", "4", "--skip_eval"])
+    assert summary["accuracy_before"] is None and summary["accuracy_after"] is None and len(summary["rewards"]) == 1
+    assert (tmp_path / "reward_curve.png").stat().st_size > 0 and (tmp_path / "summary.json").is_file()
+    assert "evaluation skipped" in capsys.readouterr().out
+
+
 @pytest.mark.slow
 def test_main_job_improves_toy_accuracy(tmp_path):
-    summary = main(["--output-dir", str(tmp_path)])
+    summary = main(["--output_dir", str(tmp_path)])
     assert (tmp_path / "reward_curve.png").stat().st_size > 0
     assert summary["accuracy_after"] >= summary["accuracy_before"] + 0.03, summary

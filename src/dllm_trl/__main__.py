@@ -13,19 +13,30 @@ import time
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m dllm_trl", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--output-dir", default="outputs/toy-rldf", help="Where logs, the plot and the model go.")
-    parser.add_argument("--max-steps", type=int, default=60, help="Optimizer steps.")
-    parser.add_argument("--learning-rate", type=float, default=3e-5)
-    parser.add_argument("--num-generations", type=int, default=8, help="Completions per prompt (group size).")
-    parser.add_argument("--prompts-per-step", type=int, default=4)
-    parser.add_argument("--num-sampled-timesteps", type=int, default=4, help="k of weighted timestep sampling.")
-    parser.add_argument("--beta", type=float, default=0.0, help="k3-KL weight.")
-    parser.add_argument("--temperature", type=float, default=1.0, help="Rollout sampling temperature.")
-    parser.add_argument("--eval-size", type=int, default=200, help="Held-out problems for greedy accuracy.")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--save-model", action="store_true", help="Also save the trained checkpoint.")
-    return parser.parse_args(argv)
+    """TRL-style underscore flags (``--output_dir``); the hyphenated spellings (``--output-dir``) are aliases."""
+    parser = argparse.ArgumentParser(prog="python -m dllm_trl", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+
+    def flag(name, **kwargs):
+        names = [f"--{name}"] + ([f"--{name.replace('_', '-')}"] if "_" in name else [])
+        parser.add_argument(*names, **kwargs)
+
+    flag("output_dir", default="outputs/toy-rldf", help="Where the log, summary.json, the plot and the model go.")
+    flag("max_steps", type=int, default=60, help="Optimizer steps.")
+    flag("learning_rate", type=float, default=3e-5, help="AdamW learning rate.")
+    flag("num_generations", type=int, default=8, help="Completions per prompt (group size).")
+    flag("prompts_per_step", type=int, default=4, help="Prompts per optimizer step.")
+    flag("num_sampled_timesteps", type=int, default=4, help="k of weighted timestep sampling.")
+    flag("beta", type=float, default=0.0, help="k3-KL weight.")
+    flag("temperature", type=float, default=1.0, help="Rollout sampling temperature.")
+    flag("eval_size", type=int, default=200, help="Held-out problems for greedy accuracy.")
+    flag("skip_eval", action="store_true", help="Skip the greedy evaluations before and after training.")
+    flag("seed", type=int, default=0, help="Random seed.")
+    flag("save_model", action="store_true", help="Also save the trained checkpoint to OUTPUT_DIR/model.")
+    args = parser.parse_args(argv)
+    if args.eval_size < 1 and not args.skip_eval:
+        parser.error(f"--eval_size={args.eval_size} must be at least 1 (or pass --skip_eval).")
+    return args
 
 
 def moving_average(values, window=10):
@@ -63,8 +74,16 @@ def main(argv=None) -> dict:
     model, tokenizer = load_toy()
     held_out = toy_dataset("test", size=args.eval_size)
     eval_config = toy_generation_config()
-    before = evaluate_accuracy(model, tokenizer, held_out, generation_config=eval_config)
-    print(f"[before] held-out greedy accuracy {before['accuracy']:.3f} ({before['tokens_per_second']:.0f} tokens/s)")
+
+    def evaluate(policy, label):
+        if args.skip_eval:
+            return {"accuracy": None}
+        result = evaluate_accuracy(policy, tokenizer, held_out, generation_config=eval_config)
+        if label:
+            print(f"[{label}] held-out greedy accuracy {result['accuracy']:.3f} ({result['tokens_per_second']:.0f} tokens/s)")
+        return result
+
+    before = evaluate(model, "before")
 
     config = toy_rldf_config(
         args.output_dir,
@@ -88,7 +107,7 @@ def main(argv=None) -> dict:
     start = time.perf_counter()
     trainer.train()
     train_seconds = time.perf_counter() - start
-    after = evaluate_accuracy(trainer.model, tokenizer, held_out, generation_config=eval_config)
+    after = evaluate(trainer.model, None)
 
     logs = [entry for entry in trainer.state.log_history if "reward" in entry]
     rewards = [entry["reward"] for entry in logs]
@@ -107,10 +126,9 @@ def main(argv=None) -> dict:
         json.dump(summary, f, indent=2)
     if args.save_model:
         trainer.save_model(os.path.join(args.output_dir, "model"))
-    print(
-        f"\n[after]  held-out greedy accuracy {after['accuracy']:.3f} (was {before['accuracy']:.3f}); "
-        f"trained {args.max_steps} steps in {train_seconds:.0f} s; plot: {plot_path}"
-    )
+    result = "evaluation skipped" if args.skip_eval else (
+        f"held-out greedy accuracy {after['accuracy']:.3f} (was {before['accuracy']:.3f})")
+    print(f"\n[after]  {result}; trained {args.max_steps} steps in {train_seconds:.0f} s; plot: {plot_path}")
     return summary
 
 
@@ -126,7 +144,8 @@ def _plot(rewards, accuracy_before, accuracy_after, path):
     ax.plot(steps, moving_average(rewards), linewidth=2, label="moving average (10 steps)")
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("reward")
-    ax.set_title(f"RLDF on the toy task: greedy accuracy {accuracy_before:.2f} → {accuracy_after:.2f}")
+    ax.set_title("RLDF on the toy task" + ("" if accuracy_before is None else
+                                           f": greedy accuracy {accuracy_before:.2f} → {accuracy_after:.2f}"))
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
