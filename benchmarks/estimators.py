@@ -20,6 +20,11 @@ grid resumes), a Markdown table and a PNG plot::
     python benchmarks/estimators.py --quick               # 2 steps, 1 seed, 3 configurations: a smoke test
     python benchmarks/estimators.py --steps 40 --seeds 0 1 2 3 4 --only main
     python benchmarks/estimators.py --checkpoint /tmp/toy  # a checkpoint from scripts/pretrain_toy.py
+    python benchmarks/estimators.py --model block --only main --name estimators_block   # the toy block model
+
+``--model block`` runs the same grid on the toy block-diffusion model (SDAR layout, blocks of 4,
+``dllm_trl.toy.block``): its states are scored in packed forwards, and only the trajectory estimators (``rldf``,
+``sequential`` and the RLDF ablations) have a block form, so the masking estimators are left out.
 """
 
 from __future__ import annotations
@@ -73,6 +78,8 @@ def parse_args(argv=None):
     parser.add_argument("--only", choices=["all", "main", "ablations"], default="all")
     parser.add_argument("--configs", nargs="+", default=None, help="Run only these configuration names.")
     parser.add_argument("--quick", action="store_true", help="Smoke test: 2 steps, seed 0, 3 configurations, 40 eval.")
+    parser.add_argument("--model", choices=["diffusion", "block"], default="diffusion",
+                        help="The toy diffusion LM or the toy block-diffusion LM.")
     parser.add_argument("--checkpoint", default=None, help="Toy checkpoint (default: the shipped one).")
     parser.add_argument("--learning-rate", type=float, default=3e-5,
                         help="Constant learning rate (3e-4 made RLDF diverge on the shipped checkpoint).")
@@ -108,7 +115,21 @@ def selected_configs(args) -> dict[str, dict]:
         if unknown:
             raise SystemExit(f"unknown configurations {unknown}; known: {list(known)}")
         configs = {name: known[name] for name in args.configs}
+    if args.model == "block":  # only the trajectory estimators have a block-diffusion form
+        configs = {name: c for name, c in configs.items()
+                   if c.get("policy_estimator", "rldf") in ("rldf", "sequential")}
     return configs
+
+
+def toy_model(args):
+    """``(load(path=...) -> (model, tokenizer), shipped folder, greedy evaluation config)`` of ``args.model``."""
+    if args.model == "block":
+        from dllm_trl.toy.block import load_toy_block, toy_block_assets_dir, toy_block_generation_config
+
+        return load_toy_block, toy_block_assets_dir(), toy_block_generation_config()
+    from dllm_trl.toy import load_toy, toy_assets_dir, toy_generation_config
+
+    return load_toy, toy_assets_dir(), toy_generation_config()
 
 
 class ForwardCounter:
@@ -136,13 +157,13 @@ def run_one(name, overrides, seed, args, checkpoint):
     import torch
     from transformers import TrainerCallback
 
-    from dllm_trl.toy import evaluate_accuracy, load_toy, toy_dataset, toy_generation_config, toy_reward
+    from dllm_trl.toy import evaluate_accuracy, toy_dataset, toy_reward
     from dllm_trl.cli import toy_rldf_config
     from dllm_trl.trainers import RLDFTrainer
 
     torch.set_num_threads(args.threads)
-    model, tokenizer = load_toy(path=checkpoint)
-    eval_config = toy_generation_config()
+    load, _, eval_config = toy_model(args)
+    model, tokenizer = load(path=checkpoint)
     settings = {**BASE, **overrides}
     completions_per_step = args.num_generations * args.prompts_per_step
     with tempfile.TemporaryDirectory() as output_dir:
@@ -279,7 +300,8 @@ def markdown(runs, baseline, args, order):
     for r in runs:
         seeds_of.setdefault(r["name"], set()).add(r["seed"])
     lines = [
-        f"Toy task, {', '.join(map(str, steps))} optimizer steps per run, {args.prompts_per_step} prompts × "
+        f"Toy task{' on the toy block-diffusion model' if args.model == 'block' else ''}, "
+        f"{', '.join(map(str, steps))} optimizer steps per run, {args.prompts_per_step} prompts × "
         f"{args.num_generations} generations per step, lr {args.learning_rate:g} constant, β {args.beta:g}. Held-out "
         f"greedy accuracy of the starting checkpoint on the same {args.eval_size} problems: **{baseline:.3f}**.",
         "",
@@ -375,10 +397,11 @@ def main(argv=None):
     args = parse_args(argv)
     import torch
 
-    from dllm_trl.toy import evaluate_accuracy, load_toy, toy_assets_dir, toy_dataset, toy_generation_config
+    from dllm_trl.toy import evaluate_accuracy, toy_dataset
 
     torch.set_num_threads(args.threads)
-    checkpoint = args.checkpoint or str(toy_assets_dir())
+    load, shipped, eval_config = toy_model(args)
+    checkpoint = args.checkpoint or str(shipped)
     if not (Path(checkpoint) / "config.json").is_file():
         raise SystemExit(f"no toy checkpoint at {checkpoint}: run scripts/pretrain_toy.py (--output-dir) first")
     out = Path(args.output_dir)
@@ -387,13 +410,14 @@ def main(argv=None):
     store = {} if args.fresh or not results_path.is_file() else json.loads(results_path.read_text())
     setup = dict(steps=args.steps, learning_rate=args.learning_rate, num_generations=args.num_generations,
                  prompts_per_step=args.prompts_per_step, beta=args.beta, eval_size=args.eval_size,
-                 checkpoint="shipped" if args.checkpoint is None else os.path.abspath(checkpoint))
+                 checkpoint="shipped" if args.checkpoint is None else os.path.abspath(checkpoint),
+                 **({"model": "block"} if args.model == "block" else {}))
     if store.get("setup") != setup:
         store = {"setup": setup, "runs": []}
     if "baseline_accuracy" not in store:
-        model, tokenizer = load_toy(path=checkpoint)
+        model, tokenizer = load(path=checkpoint)
         store["baseline_accuracy"] = evaluate_accuracy(
-            model, tokenizer, toy_dataset("test", size=args.eval_size), toy_generation_config()
+            model, tokenizer, toy_dataset("test", size=args.eval_size), eval_config
         )["accuracy"]
     configs = selected_configs(args)
     done = {(r["name"], r["seed"]) for r in store["runs"]}
