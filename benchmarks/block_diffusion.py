@@ -205,7 +205,7 @@ def rldf_update(model, batch, steps, valid, advantages, packed: bool, threshold=
             loss = loss + part.detach()
             forwards += 2
     model.zero_grad(set_to_none=True)
-    return float(loss), forwards
+    return float(loss.detach() if torch.is_tensor(loss) else loss), forwards
 
 
 def update_table(model, args, ks, title="RLDF update on a block model"):
