@@ -10,33 +10,12 @@ reaches --target-accuracy.
 
 from __future__ import annotations
 
-import argparse
-from dataclasses import fields
 from pathlib import Path
 
-import torch
-
 from dllm_trl.toy.pretrain import ToyPretrainConfig, pretrain_toy
+from dllm_trl.toy.pretrain import pretraining_cli
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parents[1] / "src" / "dllm_trl" / "assets" / "toy"
 
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT)
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (results depend on it)")
-    for f in fields(ToyPretrainConfig):
-        parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    config = ToyPretrainConfig(**{f.name: getattr(args, f.name) for f in fields(ToyPretrainConfig)})
-    summary = pretrain_toy(args.output_dir, config)
-    size = sum(p.stat().st_size for p in args.output_dir.glob("*.safetensors")) / 2**20
-    print(
-        f"saved {args.output_dir} ({size:.2f} MB of weights) after {summary['steps']} steps in "
-        f"{summary['seconds']:.0f} s; held-out greedy accuracy {summary['test_accuracy']:.3f}"
-    )
-
-
 if __name__ == "__main__":
-    main()
+    pretraining_cli(__doc__, ToyPretrainConfig, pretrain_toy, DEFAULT_OUTPUT)

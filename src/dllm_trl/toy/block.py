@@ -17,24 +17,18 @@ ratio ``t ~ U(eps, 1]``, every noisy block sees the clean blocks before it (one 
 
 from __future__ import annotations
 
-import json
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from transformers import AutoTokenizer
 
 from ..generation import DiffusionGenerationConfig
 from ..losses.packed_states import pack_block_copies, packed_read_positions
 from ..models import attention_mask_dtype, build_tiny_sdar, load_diffusion_model, token_logps_at
-from .evaluate import evaluate_accuracy
 from .model import TOY_GEN_LENGTH
-from .pretrain import encode_training_set
-from .task import toy_dataset
-from .tokenizer import build_toy_tokenizer
+from .pretrain import run_pretraining
 
 TOY_BLOCK_SIZE = 4
 """Attention block of the toy block model: the 8 completion positions are two blocks."""
@@ -122,67 +116,20 @@ def pretrain_toy_block(output_dir: str | Path, config: ToyBlockPretrainConfig | 
     """Train the toy block model from scratch and save model + tokenizer to ``output_dir``; returns a summary.
 
     Stops at the first evaluation whose greedy held-out accuracy reaches ``target_accuracy`` (a partly competent
-    model that RL can still improve). Deterministic algorithms throughout.
+    model that RL can still improve). Deterministic algorithms throughout (the toy's loop,
+    :func:`~dllm_trl.toy.pretrain.run_pretraining`).
     """
     cfg = config or ToyBlockPretrainConfig()
-    deterministic = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    try:
-        return _pretrain(Path(output_dir), cfg, log)
-    finally:
-        torch.use_deterministic_algorithms(deterministic)
 
-
-def _pretrain(output_dir: Path, cfg: ToyBlockPretrainConfig, log) -> dict:
-    torch.manual_seed(cfg.seed)
-    tokenizer = build_toy_tokenizer()
-    model = build_tiny_sdar(
-        mask_token_id=tokenizer.mask_token_id, block_size=TOY_BLOCK_SIZE, seed=cfg.seed, vocab_size=len(tokenizer),
-        eos_token_id=tokenizer.eos_token_id, max_position_embeddings=tokenizer.model_max_length,
-        **TOY_BLOCK_MODEL_SHAPE,
-    )
-    model.config.bos_token_id = tokenizer.bos_token_id
-    data = encode_training_set(tokenizer)
-    num_examples = data["response_ids"].shape[0]
-    test_set = toy_dataset("test")
-    generation_config = toy_block_generation_config()
-
-    generator = torch.Generator().manual_seed(cfg.seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / cfg.warmup_steps))
-    order = torch.randperm(num_examples, generator=generator)
-    cursor, history, accuracy = 0, [], 0.0
-    start = time.perf_counter()
-    model.train()
-    for step in range(1, cfg.max_steps + 1):
-        if cursor + cfg.batch_size > num_examples:
-            order, cursor = torch.randperm(num_examples, generator=generator), 0
-        index = order[cursor : cursor + cfg.batch_size]
-        cursor += cfg.batch_size
-        chat = (torch.rand(cfg.batch_size, generator=generator) < cfg.chat_fraction).long()
-        loss = block_diffusion_loss(
-            model, data["prompt_ids"][chat, index], data["prompt_mask"][chat, index], data["response_ids"][index],
-            tokenizer.mask_token_id, TOY_BLOCK_SIZE, generator, cfg.mask_eps,
+    def build(tokenizer):
+        return build_tiny_sdar(
+            mask_token_id=tokenizer.mask_token_id, block_size=TOY_BLOCK_SIZE, seed=cfg.seed,
+            vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id,
+            max_position_embeddings=tokenizer.model_max_length, **TOY_BLOCK_MODEL_SHAPE,
         )
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad(set_to_none=True)
 
-        if step % cfg.eval_every == 0:
-            accuracy = evaluate_accuracy(model, tokenizer, test_set, generation_config, cfg.eval_batch_size)["accuracy"]
-            history.append(dict(step=step, loss=round(loss.item(), 4), accuracy=accuracy))
-            log(f"step {step:5d}  loss {loss.item():.4f}  held-out greedy accuracy {accuracy:.3f}  "
-                f"({time.perf_counter() - start:.0f} s)")
-            if accuracy >= cfg.target_accuracy:
-                break
-    seconds = time.perf_counter() - start
+    def batch_loss(model, tokenizer, prompt_ids, prompt_mask, response_ids, generator):
+        return block_diffusion_loss(model, prompt_ids, prompt_mask, response_ids, tokenizer.mask_token_id,
+                                    TOY_BLOCK_SIZE, generator, cfg.mask_eps)
 
-    model.eval()
-    output_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(output_dir)
-    tokenizer.save_pretrained(output_dir)
-    summary = dict(steps=step, test_accuracy=accuracy, config=asdict(cfg), history=history)
-    (output_dir / "pretrain_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    return dict(summary, seconds=seconds)
+    return run_pretraining(output_dir, cfg, build, batch_loss, toy_block_generation_config(), log)

@@ -93,33 +93,56 @@ def masked_diffusion_loss(
 def pretrain_toy(output_dir: str | Path, config: ToyPretrainConfig | None = None, log=print):
     """Train the toy model from scratch and save model + tokenizer to ``output_dir``; returns a summary dict."""
     cfg = config or ToyPretrainConfig()
+
+    def build(tokenizer):
+        return build_tiny_llada(
+            mask_token_id=tokenizer.mask_token_id,
+            seed=cfg.seed,
+            vocab_size=len(tokenizer),
+            eos_token_id=tokenizer.eos_token_id,
+            max_position_embeddings=tokenizer.model_max_length,
+            **TOY_MODEL_SHAPE,
+        )
+
+    def batch_loss(model, tokenizer, prompt_ids, prompt_mask, response_ids, generator):
+        input_ids = torch.cat([prompt_ids, response_ids], dim=1)
+        attention_mask = torch.cat([prompt_mask, torch.ones_like(response_ids)], dim=1)
+        return masked_diffusion_loss(
+            model, input_ids, attention_mask, TOY_GEN_LENGTH, tokenizer.mask_token_id, generator, cfg.mask_eps
+        )
+
+    return run_pretraining(output_dir, cfg, build, batch_loss, toy_generation_config(), log)
+
+
+def run_pretraining(output_dir: str | Path, cfg, build_model, batch_loss, generation_config, log=print) -> dict:
+    """The toy models' shared pre-training loop, with deterministic algorithms; saves model + tokenizer.
+
+    ``cfg``: a :class:`ToyPretrainConfig`-like dataclass; ``build_model(tokenizer)`` makes the model (after
+    ``torch.manual_seed(cfg.seed)``); ``batch_loss(model, tokenizer, prompt_ids, prompt_mask, response_ids,
+    generator)`` is the objective of one batch of the train split (a fraction ``cfg.chat_fraction`` in the chat
+    format); ``generation_config`` decodes the held-out evaluations. Training stops at the first evaluation whose
+    greedy accuracy reaches ``cfg.target_accuracy``.
+    """
     deterministic = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:
-        return _pretrain(Path(output_dir), cfg, log)
+        return _pretrain(Path(output_dir), cfg, build_model, batch_loss, generation_config, log)
     finally:
         torch.use_deterministic_algorithms(deterministic)
 
 
-def _pretrain(output_dir: Path, cfg: ToyPretrainConfig, log) -> dict:
+def _pretrain(output_dir: Path, cfg, build_model, batch_loss, generation_config, log) -> dict:
     torch.manual_seed(cfg.seed)
     tokenizer = build_toy_tokenizer()
-    model = build_tiny_llada(
-        mask_token_id=tokenizer.mask_token_id,
-        seed=cfg.seed,
-        vocab_size=len(tokenizer),
-        eos_token_id=tokenizer.eos_token_id,
-        max_position_embeddings=tokenizer.model_max_length,
-        **TOY_MODEL_SHAPE,
-    )
+    model = build_model(tokenizer)
     model.config.bos_token_id = tokenizer.bos_token_id
     data = encode_training_set(tokenizer)
     num_examples = data["response_ids"].shape[0]
     test_set = toy_dataset("test")
-    generation_config = toy_generation_config()
 
     generator = torch.Generator().manual_seed(cfg.seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate,
+                                  weight_decay=getattr(cfg, "weight_decay", 0.0))
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / cfg.warmup_steps))
     order = torch.randperm(num_examples, generator=generator)
     cursor, history, accuracy = 0, [], 0.0
@@ -131,13 +154,8 @@ def _pretrain(output_dir: Path, cfg: ToyPretrainConfig, log) -> dict:
         index = order[cursor : cursor + cfg.batch_size]
         cursor += cfg.batch_size
         chat = (torch.rand(cfg.batch_size, generator=generator) < cfg.chat_fraction).long()
-        input_ids = torch.cat([data["prompt_ids"][chat, index], data["response_ids"][index]], dim=1)
-        attention_mask = torch.cat(
-            [data["prompt_mask"][chat, index], torch.ones_like(data["response_ids"][index])], dim=1
-        )
-        loss = masked_diffusion_loss(
-            model, input_ids, attention_mask, TOY_GEN_LENGTH, tokenizer.mask_token_id, generator, cfg.mask_eps
-        )
+        loss = batch_loss(model, tokenizer, data["prompt_ids"][chat, index], data["prompt_mask"][chat, index],
+                          data["response_ids"][index], generator)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
         optimizer.step()
@@ -160,3 +178,25 @@ def _pretrain(output_dir: Path, cfg: ToyPretrainConfig, log) -> dict:
     summary = dict(steps=step, test_accuracy=accuracy, config=asdict(cfg), history=history)
     (output_dir / "pretrain_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return dict(summary, seconds=seconds)
+
+
+def pretraining_cli(description: str, config_class, pretrain, default_output: Path, argv=None) -> None:
+    """The pre-training scripts' command line: ``--output-dir``, ``--threads`` and one flag per field of
+    ``config_class``; runs ``pretrain(output_dir, config)`` and prints where the checkpoint went."""
+    import argparse
+    from dataclasses import fields
+
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--output-dir", type=Path, default=default_output)
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (results depend on it)")
+    for f in fields(config_class):
+        parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    config = config_class(**{f.name: getattr(args, f.name) for f in fields(config_class)})
+    summary = pretrain(args.output_dir, config)
+    size = sum(p.stat().st_size for p in args.output_dir.glob("*.safetensors")) / 2**20
+    print(
+        f"saved {args.output_dir} ({size:.2f} MB of weights) after {summary['steps']} steps in "
+        f"{summary['seconds']:.0f} s; held-out greedy accuracy {summary['test_accuracy']:.3f}"
+    )
