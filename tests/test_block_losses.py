@@ -14,7 +14,6 @@ from unittest import mock
 
 import pytest
 import torch
-from datasets import Dataset
 
 from dllm_trl.losses.estimators import estimator_targets
 from dllm_trl.losses.packed_states import (
@@ -31,7 +30,6 @@ from dllm_trl.trainers import rldf_trainer as rldf_trainer_module
 
 from .conftest import addition_dataset, length_reward, make_char_tokenizer, tiny_training_args
 from .test_rldf_loss import (
-    ACCUM,
     EPS_HIGH,
     EPS_LOW,
     GEN,
@@ -42,6 +40,7 @@ from .test_rldf_loss import (
     _backward,
     _grads,
     add_old_and_ref,
+    loss_test_trainer,
     prepare_batch,
     random_batch,
     reference_loss,
@@ -75,21 +74,7 @@ def block_model(fmt: str, tokenizer, head_scale: float = 30.0):
 
 
 def _build_trainer(fmt, tokenizer, tmp_path_factory):
-    args = RLDFConfig(
-        output_dir=str(tmp_path_factory.mktemp(f"block-{fmt}")), use_cpu=True, report_to="none", save_strategy="no",
-        max_completion_length=GEN, block_length=BLOCK, per_device_train_batch_size=4, gradient_accumulation_steps=ACCUM,
-        num_generations=4, num_sampled_timesteps=K, drop_zero_variance_groups=False, beta=0.0, seed=0,
-    )
-    trainer = RLDFTrainer(
-        model=block_model(fmt, tokenizer),
-        reward_funcs=lambda completions, **kwargs: [float(len(c)) for c in completions],
-        args=args,
-        train_dataset=Dataset.from_dict({"prompt": ["1+2=", "3*4=", "5-1=", "9+9="]}),
-        processing_class=tokenizer,
-    )
-    trainer.model.train()
-    trainer.current_gradient_accumulation_steps = ACCUM
-    return trainer
+    return loss_test_trainer(block_model(fmt, tokenizer), tokenizer, str(tmp_path_factory.mktemp(f"block-{fmt}")))
 
 
 @pytest.fixture(scope="module")

@@ -55,8 +55,13 @@ def _tiny_model(family: str, tokenizer, head_scale: float = 30.0):
 
 
 def _build_trainer(family, tokenizer, tmp_path_factory):
+    return loss_test_trainer(_tiny_model(family, tokenizer), tokenizer, str(tmp_path_factory.mktemp(f"rldf-{family}")))
+
+
+def loss_test_trainer(model, tokenizer, output_dir):
+    """The trainer these tests drive by hand (G = 8, blocks of 4, k = 3, two accumulation steps, β = 0)."""
     args = RLDFConfig(
-        output_dir=str(tmp_path_factory.mktemp(f"rldf-{family}")),
+        output_dir=output_dir,
         use_cpu=True,
         report_to="none",
         save_strategy="no",
@@ -72,7 +77,7 @@ def _build_trainer(family, tokenizer, tmp_path_factory):
     )
     assert args.steps_per_generation == ACCUM
     trainer = RLDFTrainer(
-        model=_tiny_model(family, tokenizer),
+        model=model,
         reward_funcs=lambda completions, **kwargs: [float(len(c)) for c in completions],
         args=args,
         train_dataset=Dataset.from_dict({"prompt": ["1+2=", "3*4=", "5-1=", "9+9="]}),

@@ -6,7 +6,7 @@ import torch
 
 from .bidirectional import diffusion_block_size, diffusion_config
 from .block_attention import align_prompt
-from .engines import logits_at
+from .engines import apply_at, logits_at
 
 
 def token_entropy(logits: torch.Tensor) -> torch.Tensor:
@@ -73,7 +73,7 @@ def completion_token_logps(
     shift = 1 if getattr(config, "diffusion_logit_shift", False) else 0
     input_ids, attention_mask, prompt_len = state_canvas(config, prompt_ids, prompt_mask, state_ids, shift)
     rows, columns = read_mask.nonzero(as_tuple=True)
-    values = token_logps_at(
+    values = chunked_token_logps_at(
         model, rows, columns + (prompt_len - shift), target_ids[rows, columns], with_entropy=with_entropy,
         input_ids=input_ids, attention_mask=attention_mask,
     )
@@ -92,3 +92,48 @@ def token_logps_at(
     logits, _ = logits_at(model, rows, columns, use_cache=False, **forward_kwargs)
     logps = selective_log_softmax(logits, target_ids)
     return (logps, token_entropy(logits)) if with_entropy else logps
+
+
+def chunked_token_logps_at(
+    model, rows: torch.Tensor, columns: torch.Tensor, target_ids: torch.Tensor, with_entropy: bool = False,
+    chunk_elements: int = 2**24, **forward_kwargs,
+):
+    """:func:`token_logps_at` with the LM head applied in chunks of positions (about ``chunk_elements`` logits each,
+    64 MiB in float32), each chunk recomputed in the backward pass instead of kept (activation checkpointing).
+
+    Memory of the head and the log-softmax is one chunk's ``(n, V)``, whatever the number of positions read: the
+    equivalent of TRL's chunked LM head for the loss and scoring passes, where RLDF reads every candidate of a state
+    (on-policy, every still-masked token, to fix the clean targets from the same forward).
+    """
+
+    def view(hidden, head):
+        return chunked_head_logps(hidden, head, target_ids, with_entropy, chunk_elements)
+
+    return apply_at(model, rows, columns, view, use_cache=False, **forward_kwargs)
+
+
+def chunked_head_logps(hidden, head, target_ids, with_entropy=False, chunk_elements=2**24):
+    """``log softmax(head(hidden))[target_ids]`` (N,) in float32 (and the entropies, with ``with_entropy``) from
+    hidden states ``(N, d)``, chunk by chunk, checkpointed when the hidden states carry gradient."""
+
+    def chunk(h, targets):
+        logits = head(h).float()
+        lse = torch.logsumexp(logits, dim=-1)
+        logps = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+        if not with_entropy:
+            return (logps,)
+        log_probs = logits - lse.unsqueeze(-1)
+        return logps, -(log_probs.exp() * log_probs).sum(-1)
+
+    vocab = getattr(head, "out_features", None) or 2**17
+    step = max(1, chunk_elements // vocab)
+    checkpointed = torch.is_grad_enabled() and hidden.requires_grad
+    pieces = []
+    for start in range(0, hidden.shape[0], step):
+        part = (hidden[start : start + step], target_ids[start : start + step])
+        pieces.append(torch.utils.checkpoint.checkpoint(chunk, *part, use_reentrant=False) if checkpointed
+                      else chunk(*part))
+    if not pieces:  # nothing to read: empty results that still hang off the graph (DDP needs one)
+        pieces.append(chunk(hidden[:0], target_ids[:0]))
+    values = [torch.cat(column) for column in zip(*pieces)]
+    return tuple(values) if with_entropy else values[0]

@@ -28,7 +28,7 @@ from ..generation import DiffusionGenerationConfig
 from ..losses.packed_states import pack_block_copies, packed_read_positions
 from ..models import attention_mask_dtype, build_tiny_sdar, load_diffusion_model, token_logps_at
 from .model import TOY_GEN_LENGTH
-from .pretrain import run_pretraining
+from .pretrain import ToyPretrainConfig, run_pretraining
 
 TOY_BLOCK_SIZE = 4
 """Attention block of the toy block model: the 8 completion positions are two blocks."""
@@ -96,20 +96,8 @@ def block_diffusion_loss(
 
 
 @dataclass
-class ToyBlockPretrainConfig:
-    """Settings of :func:`pretrain_toy_block` (the defaults produce the shipped checkpoint)."""
-
-    seed: int = 0
-    batch_size: int = 128
-    learning_rate: float = 1e-3
-    warmup_steps: int = 20
-    max_grad_norm: float = 1.0
-    mask_eps: float = 1e-3
-    chat_fraction: float = 0.2
-    max_steps: int = 3000
-    eval_every: int = 25
-    target_accuracy: float = 0.3
-    eval_batch_size: int = 200
+class ToyBlockPretrainConfig(ToyPretrainConfig):
+    """Settings of :func:`pretrain_toy_block`: the toy's (the defaults produce the shipped checkpoint)."""
 
 
 def pretrain_toy_block(output_dir: str | Path, config: ToyBlockPretrainConfig | None = None, log=print) -> dict:

@@ -117,7 +117,7 @@ def pretrain_toy(output_dir: str | Path, config: ToyPretrainConfig | None = None
 def run_pretraining(output_dir: str | Path, cfg, build_model, batch_loss, generation_config, log=print) -> dict:
     """The toy models' shared pre-training loop, with deterministic algorithms; saves model + tokenizer.
 
-    ``cfg``: a :class:`ToyPretrainConfig`-like dataclass; ``build_model(tokenizer)`` makes the model (after
+    ``cfg``: a :class:`ToyPretrainConfig`; ``build_model(tokenizer)`` makes the model (after
     ``torch.manual_seed(cfg.seed)``); ``batch_loss(model, tokenizer, prompt_ids, prompt_mask, response_ids,
     generator)`` is the objective of one batch of the train split (a fraction ``cfg.chat_fraction`` in the chat
     format); ``generation_config`` decodes the held-out evaluations. Training stops at the first evaluation whose
@@ -141,8 +141,7 @@ def _pretrain(output_dir: Path, cfg, build_model, batch_loss, generation_config,
     test_set = toy_dataset("test")
 
     generator = torch.Generator().manual_seed(cfg.seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate,
-                                  weight_decay=getattr(cfg, "weight_decay", 0.0))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / cfg.warmup_steps))
     order = torch.randperm(num_examples, generator=generator)
     cursor, history, accuracy = 0, [], 0.0

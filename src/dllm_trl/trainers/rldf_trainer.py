@@ -70,7 +70,7 @@ from ..models.engines import (
     unwrap_model,
 )
 from ..models.loading import load_diffusion_model
-from ..models.scoring import completion_token_logps, token_logps_at
+from ..models.scoring import chunked_token_logps_at, completion_token_logps
 from .rldf_config import RLDFConfig
 
 TRAJECTORY_KEYS = ("rollout_prompt_ids", "rollout_prompt_mask", "rollout_ids", "commit_step", "valid_mask", "sampled_steps")
@@ -604,7 +604,7 @@ class RLDFTrainer(GRPOTrainer):
             config.mask_token_id, attention_mask_dtype(model),
         )
         read_rows, read_columns, index = packed_read_positions(packed, read, shift)
-        values = token_logps_at(
+        values = chunked_token_logps_at(
             model, read_rows, read_columns, rollout_ids[index[0], index[2]], with_entropy=with_entropy,
             input_ids=packed.input_ids, attention_mask=packed.attention_mask, position_ids=packed.position_ids,
         )
