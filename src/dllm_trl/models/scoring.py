@@ -96,10 +96,10 @@ def token_logps_at(
 
 def chunked_token_logps_at(
     model, rows: torch.Tensor, columns: torch.Tensor, target_ids: torch.Tensor, with_entropy: bool = False,
-    chunk_elements: int = 2**24, **forward_kwargs,
+    chunk_elements: int = 2**23, **forward_kwargs,
 ):
     """:func:`token_logps_at` with the LM head applied in chunks of positions (about ``chunk_elements`` logits each,
-    64 MiB in float32), each chunk recomputed in the backward pass instead of kept (activation checkpointing).
+    32 MiB in float32: 66 positions at V = 126 464), each chunk recomputed in the backward pass instead of kept (activation checkpointing).
 
     Memory of the head and the log-softmax is one chunk's ``(n, V)``, whatever the number of positions read: the
     equivalent of TRL's chunked LM head for the loss and scoring passes, where RLDF reads every candidate of a state
@@ -112,7 +112,7 @@ def chunked_token_logps_at(
     return apply_at(model, rows, columns, view, use_cache=False, **forward_kwargs)
 
 
-def chunked_head_logps(hidden, head, target_ids, with_entropy=False, chunk_elements=2**24):
+def chunked_head_logps(hidden, head, target_ids, with_entropy=False, chunk_elements=2**23):
     """``log softmax(head(hidden))[target_ids]`` (N,) in float32 (and the entropies, with ``with_entropy``) from
     hidden states ``(N, d)``, chunk by chunk, checkpointed when the hidden states carry gradient."""
 
