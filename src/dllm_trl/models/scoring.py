@@ -98,8 +98,9 @@ def chunked_token_logps_at(
     model, rows: torch.Tensor, columns: torch.Tensor, target_ids: torch.Tensor, with_entropy: bool = False,
     chunk_elements: int = 2**23, **forward_kwargs,
 ):
-    """:func:`token_logps_at` with the LM head applied in chunks of positions (about ``chunk_elements`` logits each,
-    32 MiB in float32: 66 positions at V = 126 464), each chunk recomputed in the backward pass instead of kept (activation checkpointing).
+    """:func:`token_logps_at` with the LM head applied in chunks of positions (about ``chunk_elements`` logits each:
+    32 MiB in float32, 66 positions at V = 126 464), each chunk recomputed in the backward pass instead of kept
+    (activation checkpointing).
 
     Memory of the head and the log-softmax is one chunk's ``(n, V)``, whatever the number of positions read: the
     equivalent of TRL's chunked LM head for the loss and scoring passes, where RLDF reads every candidate of a state
