@@ -132,15 +132,15 @@ def support_log_probs(
     excluded_id: int | None = None,
     own_topk: int = 0,
     use_own: torch.Tensor | None = None,
-    chunk_elements: int = 2**25,
+    chunk_elements: int = 2**23,
 ) -> SupportLogProbs:
     """The policy's view at the support ``S`` of ``N`` positions, from their last hidden states ``(N, d)``.
 
     ``head`` maps hidden states to logits (the LM head). With ``own_topk`` the distribution's own top-K is returned
     too, and where ``use_own`` (N,) is set the support's first ``K`` ids are that top-K (on-policy: μ = π_old = π).
-    The full-vocabulary logits exist for one chunk of positions at a time (about ``chunk_elements`` values), and
-    in training each chunk is recomputed in the backward pass instead of kept, so memory grows with ``N × K``, not
-    ``N × V`` (the equivalent of TRL's chunked LM head for a ``K + 1`` support).
+    The full-vocabulary logits exist for one chunk of positions at a time (about ``chunk_elements`` values, 32 MiB
+    in float32), and in training each chunk is recomputed in the backward pass instead of kept, so memory grows with
+    ``N × K``, not ``N × V`` (the equivalent of TRL's chunked LM head for a ``K + 1`` support).
     """
 
     def chunk(h, ids, a, own):
