@@ -61,3 +61,16 @@ def test_graph_keeps_one_chunk_of_logits_at_most():
     assert sum(saved) < n * vocab / 4, f"{sum(saved)} values saved for the backward: the logits are kept"
     (logps.sum() + entropy.sum()).backward()  # the recomputation gives the gradient
     assert hidden.grad is not None and hidden.grad.abs().max() > 0
+
+
+def test_entropy_as_a_metric_has_no_graph():
+    torch.manual_seed(0)
+    head = torch.nn.Linear(8, 50, bias=False)
+    hidden = torch.randn(9, 8, requires_grad=True)
+    targets = torch.randint(0, 50, (9,))
+    expected_logps, expected_entropy = _reference(hidden, head, targets)
+    logps, entropy = chunked_head_logps(hidden, head, targets, True, chunk_elements=100, entropy_grad=False)
+    assert logps.requires_grad and not entropy.requires_grad
+    torch.testing.assert_close(entropy, expected_entropy.detach())
+    grad, = torch.autograd.grad(logps.sum(), hidden)
+    torch.testing.assert_close(grad, torch.autograd.grad(expected_logps.sum(), hidden)[0])

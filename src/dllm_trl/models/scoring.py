@@ -58,9 +58,10 @@ def completion_token_logps(
     target_ids: torch.Tensor,
     read_mask: torch.Tensor | None = None,
     with_entropy: bool = False,
+    entropy_grad: bool = True,
 ):
     """``log π(target_i | q, state)`` (B, G) in float32 (and, ``with_entropy``, the entropy of ``π(· | q, state)``
-    at each read position, (B, G); with gradient only when grad is enabled and the caller uses it).
+    at each read position, (B, G); with gradient when grad is enabled, unless ``entropy_grad`` is False: a metric).
 
     With ``read_mask`` (B, G) the LM head and the log-softmax run only where it is set (0 is returned elsewhere):
     the loss reads a few positions of each state, and the full-vocabulary logits of the others are never built.
@@ -75,7 +76,7 @@ def completion_token_logps(
     rows, columns = read_mask.nonzero(as_tuple=True)
     values = chunked_token_logps_at(
         model, rows, columns + (prompt_len - shift), target_ids[rows, columns], with_entropy=with_entropy,
-        input_ids=input_ids, attention_mask=attention_mask,
+        entropy_grad=entropy_grad, input_ids=input_ids, attention_mask=attention_mask,
     )
     scatter = lambda v: torch.zeros(read_mask.shape, dtype=v.dtype, device=v.device).index_put((rows, columns), v)  # noqa: E731
     return tuple(scatter(v) for v in values) if with_entropy else scatter(values)
@@ -96,7 +97,7 @@ def token_logps_at(
 
 def chunked_token_logps_at(
     model, rows: torch.Tensor, columns: torch.Tensor, target_ids: torch.Tensor, with_entropy: bool = False,
-    chunk_elements: int = 2**23, **forward_kwargs,
+    entropy_grad: bool = True, chunk_elements: int = 2**23, **forward_kwargs,
 ):
     """:func:`token_logps_at` with the LM head applied in chunks of positions (about ``chunk_elements`` logits each:
     32 MiB in float32, 66 positions at V = 126 464), each chunk recomputed in the backward pass instead of kept
@@ -108,14 +109,15 @@ def chunked_token_logps_at(
     """
 
     def view(hidden, head):
-        return chunked_head_logps(hidden, head, target_ids, with_entropy, chunk_elements)
+        return chunked_head_logps(hidden, head, target_ids, with_entropy, chunk_elements, entropy_grad)
 
     return apply_at(model, rows, columns, view, use_cache=False, **forward_kwargs)
 
 
-def chunked_head_logps(hidden, head, target_ids, with_entropy=False, chunk_elements=2**23):
+def chunked_head_logps(hidden, head, target_ids, with_entropy=False, chunk_elements=2**23, entropy_grad=True):
     """``log softmax(head(hidden))[target_ids]`` (N,) in float32 (and the entropies, with ``with_entropy``) from
-    hidden states ``(N, d)``, chunk by chunk, checkpointed when the hidden states carry gradient."""
+    hidden states ``(N, d)``, chunk by chunk, checkpointed when the hidden states carry gradient. With
+    ``entropy_grad=False`` the entropies are computed without a graph (a metric: less memory in the backward)."""
 
     def chunk(h, targets):
         logits = head(h).float()
@@ -123,8 +125,9 @@ def chunked_head_logps(hidden, head, target_ids, with_entropy=False, chunk_eleme
         logps = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
         if not with_entropy:
             return (logps,)
-        log_probs = logits - lse.unsqueeze(-1)
-        return logps, -(log_probs.exp() * log_probs).sum(-1)
+        with torch.set_grad_enabled(torch.is_grad_enabled() and entropy_grad):
+            log_probs = logits - lse.unsqueeze(-1)
+            return logps, -(log_probs.exp() * log_probs).sum(-1)
 
     vocab = getattr(head, "out_features", None) or 2**17
     step = max(1, chunk_elements // vocab)

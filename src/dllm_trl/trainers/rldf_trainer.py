@@ -525,7 +525,8 @@ class RLDFTrainer(GRPOTrainer):
             mask_id = diffusion_config(model).mask_token_id
             prompt_ids, prompt_mask, state = _state_inputs(inputs, active, j, mask_id, self.args)
             scored = completion_token_logps(model, prompt_ids, prompt_mask, state, inputs["rollout_ids"][active],
-                                            read_mask=read, with_entropy=True)
+                                            read_mask=read, with_entropy=True,
+                                            entropy_grad=self.args.entropy_coef != 0.0)
         logps, entropy = scored
         targets = read
         if "targets_pending" in inputs:  # on-policy: Ô_t from this very forward (π_θ = π_old, detached)
@@ -581,7 +582,7 @@ class RLDFTrainer(GRPOTrainer):
         sampled = inputs["sampled_steps"]
         rows = (sampled[:, steps] != INVALID_STEP).any(1).nonzero().squeeze(1)
         logps, entropy = self._packed_state_logps(model, inputs, rows, steps, inputs["target_mask"][rows][:, steps],
-                                                  with_entropy=True)
+                                                  with_entropy=True, entropy_grad=self.args.entropy_coef != 0.0)
         where = torch.full((sampled.shape[0],), -1, dtype=torch.long, device=rows.device)
         where[rows] = torch.arange(rows.numel(), device=rows.device)
         loss = 0.0
@@ -591,10 +592,11 @@ class RLDFTrainer(GRPOTrainer):
             loss = loss + self._step_loss(model, inputs, j, normalizer, kl, ratio_all, scored=scored)
         return loss
 
-    def _packed_state_logps(self, model, batch, rows, steps, read, with_entropy=False):
+    def _packed_state_logps(self, model, batch, rows, steps, read, with_entropy=False, entropy_grad=True):
         """``log π(o_i | q, o_t)`` (len(rows), len(steps), G) at ``read`` for the sampled steps ``steps`` (indices
         into ``sampled_steps``) of ``rows``: one forward over the prompt, the clean completion and each state's
-        noisy block (SPEC §7). ``with_entropy``: also the entropy of ``π(· | q, o_t)`` there (same shape)."""
+        noisy block (SPEC §7). ``with_entropy``: also the entropy of ``π(· | q, o_t)`` there (same shape; without
+        gradient unless ``entropy_grad``)."""
         config = diffusion_config(model)
         shift = 1 if getattr(config, "diffusion_logit_shift", False) else 0
         rollout_ids = batch["rollout_ids"][rows]
@@ -606,6 +608,7 @@ class RLDFTrainer(GRPOTrainer):
         read_rows, read_columns, index = packed_read_positions(packed, read, shift)
         values = chunked_token_logps_at(
             model, read_rows, read_columns, rollout_ids[index[0], index[2]], with_entropy=with_entropy,
+            entropy_grad=entropy_grad,
             input_ids=packed.input_ids, attention_mask=packed.attention_mask, position_ids=packed.position_ids,
         )
         scatter = lambda v: torch.zeros(read.shape, dtype=v.dtype, device=v.device).index_put(index, v)  # noqa: E731
