@@ -30,7 +30,7 @@ class _CanvasLayer(CacheLayerMixin):
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        raise RuntimeError("A _CanvasLayer is written through CanvasCache.update, which knows the window.")
+        raise RuntimeError(f"A {type(self).__name__} is written through its cache's update, which knows the window.")
 
     def get_seq_length(self) -> int:
         return self.keys.shape[-2] if self.is_initialized else 0
@@ -81,7 +81,7 @@ def _cache_keyword(module_class: type) -> str:
     return "cache" if "cache" in inspect.signature(module_class.forward).parameters else "past_key_values"
 
 
-class _BlockLayer(CacheLayerMixin):
+class _BlockLayer(_CanvasLayer):
     """One layer's post-RoPE keys and values over the canvas ``(B, kv_heads, P+G, head_dim)``, allocated at the
     first write."""
 
@@ -90,18 +90,6 @@ class _BlockLayer(CacheLayerMixin):
         self.keys = key_states.new_zeros(shape)
         self.values = value_states.new_zeros((*shape[:-1], value_states.shape[-1]))
         self.is_initialized = True
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        raise RuntimeError("A _BlockLayer is written through BlockCache.update, which knows the window.")
-
-    def get_seq_length(self) -> int:
-        return self.keys.shape[-2] if self.is_initialized else 0
-
-    def get_max_length(self) -> int:
-        return self.get_seq_length()
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.get_seq_length(), 0
 
 
 class BlockCache(Cache):
