@@ -241,6 +241,13 @@ class RLDFConfig(GRPOConfig):
                 )
         if self.dataloader_pin_memory and not torch.accelerator.is_available():
             self.dataloader_pin_memory = False  # nothing to pin for; the DataLoader would warn on every run
+        # Newer transformers renamed gradient_checkpointing* to activation_checkpointing* and warn whenever the old
+        # name is set — which GRPOConfig's own default (True) always does. Pass the value under the new name.
+        for old_name, new_name in (("gradient_checkpointing", "activation_checkpointing"),
+                                   ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs")):
+            if hasattr(self, new_name) and getattr(self, new_name) is None and getattr(self, old_name) is not None:
+                setattr(self, new_name, getattr(self, old_name))
+                setattr(self, old_name, None)
         super().__post_init__()
         # Validate the sampler settings now rather than at the first rollout, naming this config's fields.
         try:
