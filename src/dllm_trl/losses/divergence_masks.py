@@ -31,6 +31,8 @@ from typing import Literal, NamedTuple
 
 import torch
 
+from ..models.scoring import head_in_chunks
+
 __all__ = [
     "EPS",
     "TruncatedView",
@@ -162,21 +164,7 @@ def support_log_probs(
     n = hidden.shape[0]
     if use_own is None:
         use_own = torch.zeros(n, dtype=torch.bool, device=hidden.device)
-    vocab = getattr(head, "out_features", None) or 2**17
-    step = max(1, chunk_elements // vocab)
-    pieces = []
-    for start in range(0, n, step):
-        part = slice(start, start + step)
-        args = (hidden[part], support_ids[part], action[part], use_own[part])
-        if torch.is_grad_enabled() and hidden.requires_grad:
-            pieces.append(torch.utils.checkpoint.checkpoint(chunk, *args, use_reentrant=False))
-        else:
-            pieces.append(chunk(*args))
-    if not pieces:  # no position to read: empty results that still hang off the graph (DDP needs one)
-        pieces.append(chunk(hidden[:0], support_ids[:0], action[:0], use_own[:0]))
-    columns = list(zip(*pieces))
-    cat = [None if column[0] is None else torch.cat(column) for column in columns]
-    return SupportLogProbs(*cat)
+    return SupportLogProbs(*head_in_chunks(chunk, head, chunk_elements, hidden, support_ids, action, use_own))
 
 
 def support_mask(topk_ids: torch.Tensor, action: torch.Tensor, binary: bool = False) -> torch.Tensor:

@@ -129,15 +129,23 @@ def chunked_head_logps(hidden, head, target_ids, with_entropy=False, chunk_eleme
             log_probs = logits - lse.unsqueeze(-1)
             return logps, -(log_probs.exp() * log_probs).sum(-1)
 
+    values = head_in_chunks(chunk, head, chunk_elements, hidden, target_ids)
+    return tuple(values) if with_entropy else values[0]
+
+
+def head_in_chunks(chunk, head, chunk_elements: int, hidden: torch.Tensor, *per_position: torch.Tensor) -> list:
+    """``chunk(hidden[i:j], *[t[i:j] for t in per_position])`` over row chunks of about ``chunk_elements`` logits of
+    ``head`` each, checkpointed when ``hidden`` carries gradient (each chunk's full-vocabulary work is recomputed in
+    the backward instead of kept); returns each output concatenated over the chunks (``None`` stays ``None``).
+    With no rows, one empty call still hangs the outputs off the graph (DDP needs one)."""
     vocab = getattr(head, "out_features", None) or 2**17
     step = max(1, chunk_elements // vocab)
     checkpointed = torch.is_grad_enabled() and hidden.requires_grad
     pieces = []
     for start in range(0, hidden.shape[0], step):
-        part = (hidden[start : start + step], target_ids[start : start + step])
+        part = [t[start : start + step] for t in (hidden, *per_position)]
         pieces.append(torch.utils.checkpoint.checkpoint(chunk, *part, use_reentrant=False) if checkpointed
                       else chunk(*part))
-    if not pieces:  # nothing to read: empty results that still hang off the graph (DDP needs one)
-        pieces.append(chunk(hidden[:0], target_ids[:0]))
-    values = [torch.cat(column) for column in zip(*pieces)]
-    return tuple(values) if with_entropy else values[0]
+    if not pieces:
+        pieces.append(chunk(*(t[:0] for t in (hidden, *per_position))))
+    return [None if column[0] is None else torch.cat(column) for column in zip(*pieces)]
