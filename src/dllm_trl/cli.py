@@ -1,16 +1,18 @@
-"""Pieces shared by the example scripts and the evaluation CLI (TRL ``ModelConfig`` in, model out)."""
+"""Pieces shared by the main job, the example scripts, the benchmarks and the evaluation CLI."""
 
 from __future__ import annotations
 
+import json
 import os
+import time
 
 import torch
 from accelerate import PartialState
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, TrainerCallback
 from trl import ModelConfig
 
 from .models import load_diffusion_model
-from .toy import toy_assets_dir, toy_generation_config
+from .toy import sudoku_generation_config, toy_assets_dir, toy_generation_config
 
 TOY_TRAINING_DEFAULTS = dict(
     max_steps=2, max_completion_length=8, block_length=4, per_device_train_batch_size=4, num_generations=4,
@@ -127,3 +129,90 @@ def toy_rldf_config(output_dir: str, **overrides):
     )
     values.update(overrides)
     return RLDFConfig(**values)
+
+
+def sudoku_rldf_config(output_dir: str, **overrides):
+    """RLDF settings of the main job on the Sudoku toy (and the base of the Sudoku benchmarks): the toy's sampler
+    (20 positions in one block, threshold 0.9, dual cache) at temperature 1, 4 puzzles x 8 generations per step,
+    k = 4, β = 0, constant learning rate (see docs/main_job.md for the sweep)."""
+    from .trainers import RLDFConfig
+
+    gen = sudoku_generation_config()
+    values = dict(
+        output_dir=output_dir, max_completion_length=gen.gen_length, block_length=gen.block_length,
+        unmasking_threshold=gen.threshold, cache_mode="dual", temperature=1.0, num_generations=8,
+        per_device_train_batch_size=32, num_sampled_timesteps=4, beta=0.0, learning_rate=1e-4,
+        lr_scheduler_type="constant", max_steps=150, logging_steps=1, save_strategy="no", report_to="none",
+        use_cpu=True, bf16=False, gradient_checkpointing=False, dataloader_pin_memory=False,
+    )
+    values.update(overrides)
+    return RLDFConfig(**values)
+
+
+class RewardProgressBar(TrainerCallback):
+    """One tqdm bar in place of transformers' progress bar and log printer: the mean rollout reward (moving average
+    over ``window`` steps), the held-out accuracy whenever ``evaluate(model)`` runs (every ``eval_steps``), and
+    seconds per step.
+
+    TRL's full metric dicts still reach the ``report_to`` backends, and go one JSON object per line to
+    ``metrics_path``; ``accuracies`` collects ``(step, accuracy)`` of the evaluations during training.
+    """
+
+    def __init__(self, evaluate=None, eval_steps: int = 0, metrics_path: str | None = None, initial_accuracy=None,
+                 window: int = 10, description: str = "RLDF"):
+        self.evaluate, self.eval_steps, self.metrics_path, self.window = evaluate, eval_steps, metrics_path, window
+        self.description = description
+        self.accuracies: list[tuple[int, float]] = []
+        self.rewards: list[float] = []
+        self.postfix = {} if initial_accuracy is None else {"acc": f"{initial_accuracy:.3f}"}
+        self.bar = None
+        self._step_start = time.perf_counter()
+
+    def install(self, trainer):
+        """Replace the trainer's own progress bar / log printer by this callback."""
+        from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+        trainer.remove_callback(ProgressCallback)
+        trainer.remove_callback(PrinterCallback)
+        trainer.add_callback(self)
+        return self
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero:
+            return
+        from tqdm.auto import tqdm
+
+        if self.metrics_path:
+            open(self.metrics_path, "w").close()
+        self.bar = tqdm(total=state.max_steps, desc=self.description, dynamic_ncols=True, unit="step")
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._step_start = time.perf_counter()
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        seconds = time.perf_counter() - self._step_start
+        if (self.evaluate is not None and self.eval_steps and state.global_step % self.eval_steps == 0
+                and state.global_step < state.max_steps):
+            accuracy = self.evaluate(model)
+            self.accuracies.append((state.global_step, accuracy))
+            self.postfix["acc"] = f"{accuracy:.3f}"
+        self.postfix["s/step"] = f"{seconds:.2f}"
+        if self.bar is not None:
+            self.bar.set_postfix(self.postfix, refresh=False)
+            self.bar.update(1)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        logs = logs or {}
+        if "reward" in logs:
+            self.rewards.append(logs["reward"])
+            recent = self.rewards[-self.window:]
+            self.postfix = {"reward": f"{sum(recent) / len(recent):.3f}",
+                            **{k: v for k, v in self.postfix.items() if k != "reward"}}
+        if self.metrics_path and state.is_world_process_zero:
+            with open(self.metrics_path, "a") as f:
+                f.write(json.dumps({"step": state.global_step, **logs}) + "\n")
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None

@@ -12,12 +12,16 @@ produced by ``scripts/pretrain_toy.py``.
 """
 
 from .evaluate import decode_completions, evaluate_accuracy, main
-from .model import TOY_GEN_LENGTH, TOY_MODEL_SHAPE, load_toy, toy_assets_dir, toy_generation_config
+from .evaluate import evaluate_causal_accuracy
+from .model import SUDOKU_GEN_LENGTH, TOY_GEN_LENGTH, TOY_MODEL_SHAPE, load_sudoku, load_sudoku_causal, load_toy
+from .model import sudoku_generation_config, toy_assets_dir, toy_generation_config
+from .sudoku import sudoku_cell_reward, sudoku_dataset, sudoku_problems, sudoku_reward
 from .task import TEST_SIZE, completion_text, toy_dataset, toy_problems, toy_reward
 from .tokenizer import CHAT_TEMPLATE, build_toy_tokenizer, encode_prompts
 
 __all__ = [
     "CHAT_TEMPLATE",
+    "SUDOKU_GEN_LENGTH",
     "TEST_SIZE",
     "TOY_GEN_LENGTH",
     "TOY_MODEL_SHAPE",
@@ -26,8 +30,16 @@ __all__ = [
     "decode_completions",
     "encode_prompts",
     "evaluate_accuracy",
+    "evaluate_causal_accuracy",
+    "load_sudoku",
+    "load_sudoku_causal",
     "load_toy",
     "main",
+    "sudoku_cell_reward",
+    "sudoku_dataset",
+    "sudoku_generation_config",
+    "sudoku_problems",
+    "sudoku_reward",
     "toy_assets_dir",
     "toy_dataset",
     "toy_generation_config",

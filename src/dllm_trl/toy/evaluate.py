@@ -1,4 +1,4 @@
-"""Greedy accuracy and decoding speed of a diffusion LM on the toy task."""
+"""Greedy accuracy and decoding speed of the toy models (diffusion and causal) on the toy tasks."""
 
 from __future__ import annotations
 
@@ -22,22 +22,31 @@ def decode_completions(tokenizer, completion_ids: torch.Tensor, completion_mask:
     ]
 
 
+def score(reward, completions: list[str], dataset) -> list[float]:
+    """``reward`` (a TRL reward function) on ``completions``, with every non-prompt column of ``dataset`` as keyword."""
+    columns = {c: list(dataset[c]) for c in dataset.column_names if c != "prompt"}
+    return [float(r) for r in reward(completions, **columns)]
+
+
 def evaluate_accuracy(
     model,
     tokenizer,
     dataset,
     generation_config: DiffusionGenerationConfig | None = None,
     batch_size: int = 64,
+    reward=toy_reward,
 ) -> dict:
-    """Decode every prompt of ``dataset`` (``prompt``/``answer`` columns) and score it with :func:`toy_reward`.
+    """Decode every prompt of ``dataset`` with the diffusion sampler and score it with ``reward`` (a TRL reward
+    function called with the dataset's other columns: :func:`toy_reward` reads ``answer``, ``sudoku_reward``
+    ``puzzle``).
 
-    Returns ``accuracy``, ``tokens_per_second`` (completion tokens up to and including EOS, per second of
+    Returns ``accuracy`` (share of reward 1), ``tokens_per_second`` (completion tokens up to and including EOS, per second of
     sampler time), ``nfe`` (model forwards, all batches together), ``seconds``, ``num_problems`` and the
     decoded ``completions``.
     """
     config = generation_config or toy_generation_config()
     device = model.get_input_embeddings().weight.device
-    prompts, answers = list(dataset["prompt"]), list(dataset["answer"])
+    prompts = list(dataset["prompt"])
     completions, tokens, nfe, seconds = [], 0, 0, 0.0
     was_training = model.training
     model.eval()
@@ -51,15 +60,42 @@ def evaluate_accuracy(
         tokens += int(mask.sum())
         nfe += out.nfe
     model.train(was_training)
-    rewards = toy_reward(completions, answers)
+    rewards = score(reward, completions, dataset)
     return dict(
-        accuracy=sum(rewards) / max(len(rewards), 1),
+        accuracy=sum(r >= 1.0 for r in rewards) / max(len(rewards), 1),
         tokens_per_second=tokens / seconds if seconds > 0 else float("nan"),
         nfe=nfe,
         seconds=seconds,
         num_problems=len(rewards),
         completions=completions,
     )
+
+
+def evaluate_causal_accuracy(model, tokenizer, dataset, max_new_tokens: int, batch_size: int = 64,
+                             reward=toy_reward) -> dict:
+    """Greedy left-to-right decoding (``model.generate``) of every prompt of ``dataset``, scored like
+    :func:`evaluate_accuracy`; returns ``accuracy``, ``seconds``, ``num_problems`` and the ``completions``."""
+    device = model.get_input_embeddings().weight.device
+    prompts = list(dataset["prompt"])
+    completions, seconds = [], 0.0
+    was_training = model.training
+    model.eval()
+    for begin in range(0, len(prompts), batch_size):
+        input_ids, attention_mask = encode_prompts(tokenizer, prompts[begin : begin + batch_size])
+        start = time.perf_counter()
+        with torch.no_grad():
+            out = model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+                                 do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
+                                 pad_token_id=tokenizer.pad_token_id)
+        seconds += time.perf_counter() - start
+        new = out[:, input_ids.shape[1]:].cpu()
+        is_eos = (new == tokenizer.eos_token_id).long()
+        through_eos = (is_eos.cumsum(1) - is_eos) == 0  # up to and including the first EOS
+        completions += decode_completions(tokenizer, new, through_eos)
+    model.train(was_training)
+    rewards = score(reward, completions, dataset)
+    return dict(accuracy=sum(r >= 1.0 for r in rewards) / max(len(rewards), 1), seconds=seconds,
+                num_problems=len(rewards), completions=completions)
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -1,11 +1,19 @@
-"""The embedded toy model: where its checkpoint lives, its shape, how it decodes, and loading it."""
+"""The embedded toy models: where their checkpoints live, their shapes, how they decode, and loading them.
+
+* addition (``assets/toy``): a masked-diffusion LM for :mod:`~dllm_trl.toy.task`, the fast test fixture;
+* Sudoku (``assets/sudoku``): a masked-diffusion LM for :mod:`~dllm_trl.toy.sudoku`, the main job's model;
+* Sudoku, causal (``assets/sudoku_causal``): an ordinary left-to-right ``LlamaForCausalLM`` on the same task, for
+  the causal path of :class:`~dllm_trl.trainers.DPPOMaskTrainer` (paper 2's setting).
+"""
 
 from __future__ import annotations
 
+import contextlib
 from importlib import resources
 from pathlib import Path
 
-from transformers import AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.utils import logging as transformers_logging
 
 from ..generation import DiffusionGenerationConfig
 from ..models import load_diffusion_model
@@ -17,9 +25,17 @@ TOY_MODEL_SHAPE = dict(hidden_size=128, intermediate_size=384, num_hidden_layers
 """LLaDA layout (no biases, untied head, RoPE, SwiGLU, RMSNorm) at toy size; the vocabulary is the tokenizer's."""
 
 
-def toy_assets_dir() -> Path:
-    """Folder of the shipped checkpoint and tokenizer, inside the installed package."""
-    return Path(str(resources.files("dllm_trl").joinpath("assets", "toy")))
+SUDOKU_GEN_LENGTH = 20
+"""Completion positions of the Sudoku toy: the 19-token grid (four rows of four digits, spaces between) and EOS."""
+
+SUDOKU_MODEL_SHAPE = TOY_MODEL_SHAPE
+"""Shape of both Sudoku toys (LLaDA layout for the diffusion one, the plain Llama layout for the causal one)."""
+
+
+def toy_assets_dir(name: str = "toy") -> Path:
+    """Folder of a shipped checkpoint and its tokenizer inside the installed package: ``"toy"`` (addition),
+    ``"sudoku"`` or ``"sudoku_causal"``."""
+    return Path(str(resources.files("dllm_trl").joinpath("assets", name)))
 
 
 def toy_generation_config(**overrides) -> DiffusionGenerationConfig:
@@ -32,9 +48,47 @@ def toy_generation_config(**overrides) -> DiffusionGenerationConfig:
     return DiffusionGenerationConfig(**settings)
 
 
+@contextlib.contextmanager
+def quiet_progress_bars():
+    """Within the context transformers draws no progress bars (its "Loading weights" bar over a toy's few tensors is
+    noise on the console); the previous setting is restored on exit."""
+    enabled = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            transformers_logging.enable_progress_bar()
+
+
+def sudoku_generation_config(**overrides) -> DiffusionGenerationConfig:
+    """Sampler settings for the Sudoku toy: 20 positions in one block (the sampler picks the order of all 16
+    cells), dynamic threshold 0.9, greedy. Keyword arguments override any field (``temperature=1.0`` for rollouts).
+    """
+    settings = dict(gen_length=SUDOKU_GEN_LENGTH, block_length=SUDOKU_GEN_LENGTH, unmasking="dynamic",
+                    threshold=0.9, temperature=0.0)
+    settings.update(overrides)
+    return DiffusionGenerationConfig(**settings)
+
+
 def load_toy(device: str = "cpu", path: str | Path | None = None, **from_pretrained_kwargs):
-    """``(model, tokenizer)`` of the shipped toy checkpoint (or of ``path``), the model in eval mode."""
+    """``(model, tokenizer)`` of the shipped addition toy (or of the diffusion checkpoint at ``path``), in eval
+    mode."""
     path = str(path or toy_assets_dir())
-    model = load_diffusion_model(path, **from_pretrained_kwargs).to(device).eval()
+    with quiet_progress_bars():
+        model = load_diffusion_model(path, **from_pretrained_kwargs).to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
     return model, tokenizer
+
+
+def load_sudoku(device: str = "cpu", path: str | Path | None = None, **from_pretrained_kwargs):
+    """``(model, tokenizer)`` of the shipped Sudoku diffusion toy (or of ``path``), in eval mode."""
+    return load_toy(device, path or toy_assets_dir("sudoku"), **from_pretrained_kwargs)
+
+
+def load_sudoku_causal(device: str = "cpu", path: str | Path | None = None, **from_pretrained_kwargs):
+    """``(model, tokenizer)`` of the shipped causal Sudoku toy (a plain ``LlamaForCausalLM``), in eval mode."""
+    path = str(path or toy_assets_dir("sudoku_causal"))
+    with quiet_progress_bars():
+        model = AutoModelForCausalLM.from_pretrained(path, **from_pretrained_kwargs).to(device).eval()
+    return model, AutoTokenizer.from_pretrained(path)

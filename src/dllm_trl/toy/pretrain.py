@@ -43,10 +43,11 @@ class ToyPretrainConfig:
     eval_batch_size: int = 200
 
 
-def encode_training_set(tokenizer, gen_length: int = TOY_GEN_LENGTH) -> dict[str, torch.Tensor]:
-    """The train split as tensors: ``prompt_ids``/``prompt_mask`` (2, N, P) for the plain (0) and chat (1)
-    formats, left-padded to one width P, and ``response_ids`` (N, gen_length) = answer ⊕ EOS padding."""
-    problems = toy_problems("train")
+def encode_training_set(tokenizer, gen_length: int = TOY_GEN_LENGTH, problems=None) -> dict[str, torch.Tensor]:
+    """A train split (``problems``: ``(prompt, answer)`` pairs, by default the addition task's) as tensors:
+    ``prompt_ids``/``prompt_mask`` (2, N, P) for the plain (0) and chat (1) formats, left-padded to one width P,
+    and ``response_ids`` (N, gen_length) = answer ⊕ EOS padding."""
+    problems = toy_problems("train") if problems is None else problems
     plain = [p for p, _ in problems]
     chat = [[{"role": "user", "content": p}] for p in plain]
     ids, mask = encode_prompts(tokenizer, plain + chat)
@@ -114,31 +115,39 @@ def pretrain_toy(output_dir: str | Path, config: ToyPretrainConfig | None = None
     return run_pretraining(output_dir, cfg, build, batch_loss, toy_generation_config(), log)
 
 
-def run_pretraining(output_dir: str | Path, cfg, build_model, batch_loss, generation_config, log=print) -> dict:
+def run_pretraining(output_dir: str | Path, cfg, build_model, batch_loss, generation_config, log=print, *,
+                    train_problems=None, gen_length: int = TOY_GEN_LENGTH, evaluate=None) -> dict:
     """The toy models' shared pre-training loop, with deterministic algorithms; saves model + tokenizer.
 
     ``cfg``: a :class:`ToyPretrainConfig`; ``build_model(tokenizer)`` makes the model (after
     ``torch.manual_seed(cfg.seed)``); ``batch_loss(model, tokenizer, prompt_ids, prompt_mask, response_ids,
     generator)`` is the objective of one batch of the train split (a fraction ``cfg.chat_fraction`` in the chat
     format); ``generation_config`` decodes the held-out evaluations. Training stops at the first evaluation whose
-    greedy accuracy reaches ``cfg.target_accuracy``.
+    greedy accuracy reaches ``cfg.target_accuracy``. The task is the addition toy unless ``train_problems``
+    (``(prompt, answer)`` pairs, answers padded with EOS to ``gen_length``) and ``evaluate(model, tokenizer)`` (the
+    held-out greedy accuracy) name another.
     """
+    if evaluate is None:
+        test_set = toy_dataset("test")
+
+        def evaluate(model, tokenizer):
+            return evaluate_accuracy(model, tokenizer, test_set, generation_config, cfg.eval_batch_size)["accuracy"]
+
     deterministic = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:
-        return _pretrain(Path(output_dir), cfg, build_model, batch_loss, generation_config, log)
+        return _pretrain(Path(output_dir), cfg, build_model, batch_loss, evaluate, log, train_problems, gen_length)
     finally:
         torch.use_deterministic_algorithms(deterministic)
 
 
-def _pretrain(output_dir: Path, cfg, build_model, batch_loss, generation_config, log) -> dict:
+def _pretrain(output_dir: Path, cfg, build_model, batch_loss, evaluate, log, train_problems, gen_length) -> dict:
     torch.manual_seed(cfg.seed)
     tokenizer = build_toy_tokenizer()
     model = build_model(tokenizer)
     model.config.bos_token_id = tokenizer.bos_token_id
-    data = encode_training_set(tokenizer)
+    data = encode_training_set(tokenizer, gen_length, train_problems)
     num_examples = data["response_ids"].shape[0]
-    test_set = toy_dataset("test")
 
     generator = torch.Generator().manual_seed(cfg.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
@@ -162,7 +171,7 @@ def _pretrain(output_dir: Path, cfg, build_model, batch_loss, generation_config,
         optimizer.zero_grad(set_to_none=True)
 
         if step % cfg.eval_every == 0:
-            accuracy = evaluate_accuracy(model, tokenizer, test_set, generation_config, cfg.eval_batch_size)["accuracy"]
+            accuracy = evaluate(model, tokenizer)
             history.append(dict(step=step, loss=round(loss.item(), 4), accuracy=accuracy))
             log(f"step {step:5d}  loss {loss.item():.4f}  held-out greedy accuracy {accuracy:.3f}  "
                 f"({time.perf_counter() - start:.0f} s)")
@@ -181,21 +190,98 @@ def _pretrain(output_dir: Path, cfg, build_model, batch_loss, generation_config,
 
 def pretraining_cli(description: str, config_class, pretrain, default_output: Path, argv=None) -> None:
     """The pre-training scripts' command line: ``--output-dir``, ``--threads`` and one flag per field of
-    ``config_class``; runs ``pretrain(output_dir, config)`` and prints where the checkpoint went."""
+    ``config_class``; runs ``pretrain(output_dir, config)`` and prints where the checkpoint went.
+    ``default_output`` is a folder, or a function of the config giving one."""
     import argparse
     from dataclasses import fields
 
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--output-dir", type=Path, default=default_output)
+    parser.add_argument("--output-dir", type=Path, default=None, help="default: the shipped checkpoint's folder")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (results depend on it)")
     for f in fields(config_class):
         parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     config = config_class(**{f.name: getattr(args, f.name) for f in fields(config_class)})
+    if args.output_dir is None:
+        args.output_dir = Path(default_output(config) if callable(default_output) else default_output)
     summary = pretrain(args.output_dir, config)
     size = sum(p.stat().st_size for p in args.output_dir.glob("*.safetensors")) / 2**20
     print(
         f"saved {args.output_dir} ({size:.2f} MB of weights) after {summary['steps']} steps in "
         f"{summary['seconds']:.0f} s; held-out greedy accuracy {summary['test_accuracy']:.3f}"
     )
+
+
+def causal_lm_loss(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int,
+                   eos_token_id: int) -> torch.Tensor:
+    """Mean next-token cross-entropy over the last ``response_length`` positions up to and including the first EOS."""
+    response = input_ids[:, -response_length:]
+    is_eos = (response == eos_token_id).long()
+    trained = (is_eos.cumsum(1) - is_eos) == 0
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=response_length + 1).logits
+    token_loss = F.cross_entropy(logits[:, :-1].float().transpose(1, 2), response, reduction="none")
+    return (token_loss * trained).sum() / trained.sum().clamp_min(1)
+
+
+SUDOKU_MODEL_KINDS = ("diffusion", "causal")
+
+
+@dataclass
+class SudokuPretrainConfig(ToyPretrainConfig):
+    """Settings of :func:`pretrain_sudoku` (the defaults, with ``model_kind``, produce the shipped checkpoints).
+    Training stops on the validation split's greedy solve rate, so the test split stays held out."""
+
+    model_kind: str = "diffusion"
+    eval_every: int = 10
+    target_accuracy: float = 0.25
+
+    def __post_init__(self):
+        if self.model_kind not in SUDOKU_MODEL_KINDS:
+            raise ValueError(f"model_kind={self.model_kind!r}: expected one of {SUDOKU_MODEL_KINDS}.")
+
+
+def pretrain_sudoku(output_dir: str | Path, config: SudokuPretrainConfig | None = None, log=print) -> dict:
+    """Train a Sudoku toy from scratch (a LLaDA-shaped diffusion LM, or with ``model_kind="causal"`` a plain
+    left-to-right ``LlamaForCausalLM`` of the same shape) and save model + tokenizer to ``output_dir``."""
+    from transformers import LlamaForCausalLM
+
+    from ..models import tiny_llada_config
+    from .model import SUDOKU_GEN_LENGTH, SUDOKU_MODEL_SHAPE, sudoku_generation_config
+    from .sudoku import sudoku_dataset, sudoku_problems, sudoku_reward
+    from .evaluate import evaluate_causal_accuracy
+
+    cfg = config or SudokuPretrainConfig()
+    causal = cfg.model_kind == "causal"
+
+    def build(tokenizer):
+        shape = dict(vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id,
+                     max_position_embeddings=tokenizer.model_max_length, **SUDOKU_MODEL_SHAPE)
+        if not causal:
+            return build_tiny_llada(mask_token_id=tokenizer.mask_token_id, seed=cfg.seed, **shape)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(cfg.seed)
+            model = LlamaForCausalLM(tiny_llada_config(**shape))
+        model.generation_config.eos_token_id = model.generation_config.pad_token_id = tokenizer.eos_token_id
+        return model
+
+    def batch_loss(model, tokenizer, prompt_ids, prompt_mask, response_ids, generator):
+        input_ids = torch.cat([prompt_ids, response_ids], dim=1)
+        attention_mask = torch.cat([prompt_mask, torch.ones_like(response_ids)], dim=1)
+        if causal:
+            return causal_lm_loss(model, input_ids, attention_mask, SUDOKU_GEN_LENGTH, tokenizer.eos_token_id)
+        return masked_diffusion_loss(model, input_ids, attention_mask, SUDOKU_GEN_LENGTH, tokenizer.mask_token_id,
+                                     generator, cfg.mask_eps)
+
+    validation = sudoku_dataset("validation")
+    generation_config = sudoku_generation_config()
+
+    def evaluate(model, tokenizer):
+        if causal:
+            return evaluate_causal_accuracy(model, tokenizer, validation, SUDOKU_GEN_LENGTH, cfg.eval_batch_size,
+                                            sudoku_reward)["accuracy"]
+        return evaluate_accuracy(model, tokenizer, validation, generation_config, cfg.eval_batch_size,
+                                 sudoku_reward)["accuracy"]
+
+    return run_pretraining(output_dir, cfg, build, batch_loss, generation_config, log,
+                           train_problems=sudoku_problems("train"), gen_length=SUDOKU_GEN_LENGTH, evaluate=evaluate)

@@ -1,0 +1,187 @@
+"""Tests for the Sudoku toy task (dllm_trl.toy.sudoku): grids, puzzles, splits, verifier and reward."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from dllm_trl.toy import build_toy_tokenizer
+from dllm_trl.toy.sudoku import (
+    SPLIT_SIZES,
+    all_grids,
+    count_solutions,
+    format_grid,
+    is_valid_grid,
+    parse_grid,
+    solve,
+    solves,
+    sudoku_cell_reward,
+    sudoku_dataset,
+    sudoku_problems,
+    sudoku_puzzles,
+    sudoku_reward,
+)
+
+
+# ----------------------------------------------------------------------------------------- brute-force reference
+def brute_force_grids() -> set[str]:
+    """Every assignment of a permutation of 1–4 to each row, kept when columns and boxes have no repeat."""
+    found = set()
+    for rows in itertools.product(itertools.permutations("1234"), repeat=4):
+        columns_ok = all(len({row[c] for row in rows}) == 4 for c in range(4))
+        boxes_ok = all(
+            len({rows[r][c] for r in (br, br + 1) for c in (bc, bc + 1)}) == 4 for br in (0, 2) for bc in (0, 2)
+        )
+        if columns_ok and boxes_ok:
+            found.add("".join("".join(row) for row in rows))
+    return found
+
+
+def brute_force_solutions(puzzle: str, grids: set[str]) -> set[str]:
+    """The complete grids (from :func:`brute_force_grids`) that keep every given cell of ``puzzle``."""
+    return {g for g in grids if all(p in ("0", c) for p, c in zip(puzzle, g))}
+
+
+@pytest.fixture(scope="module")
+def grids():
+    return brute_force_grids()
+
+
+def test_all_grids_are_the_brute_force_grids(grids):
+    assert len(all_grids()) == 288 and set(all_grids()) == grids
+    assert list(all_grids()) == sorted(all_grids())
+    assert all(is_valid_grid(g) for g in grids)
+
+
+def random_puzzles(rng: random.Random, grids, count: int, max_blanks: int):
+    """Puzzles with any number of solutions: a grid, a few cells blanked, sometimes a given cell changed."""
+    grids = sorted(grids)
+    for _ in range(count):
+        cells = list(rng.choice(grids))
+        for i in rng.sample(range(16), rng.randint(0, max_blanks)):
+            cells[i] = "0"
+        if rng.random() < 0.3:  # a changed given usually leaves no solution
+            i = rng.choice([j for j in range(16) if cells[j] != "0"] or [0])
+            cells[i] = rng.choice("1234")
+        yield "".join(cells)
+
+
+def test_verifier_agrees_with_brute_force_on_random_puzzles(grids):
+    rng = random.Random(0)
+    sorted_grids = sorted(grids)
+    for puzzle in random_puzzles(rng, grids, count=500, max_blanks=12):
+        expected = brute_force_solutions(puzzle, grids)
+        assert count_solutions(puzzle) == len(expected)
+        candidates = set(expected) | set(rng.sample(sorted_grids, 20))
+        for grid in list(candidates):  # near misses: one cell changed
+            i = rng.randrange(16)
+            candidates.add(grid[:i] + rng.choice("12345") + grid[i + 1 :])
+        for grid in candidates:
+            assert solves(puzzle, format_grid(grid)) == (grid in expected), (puzzle, grid)
+
+
+def test_shipped_puzzles_have_exactly_one_solution(grids):
+    for split in SPLIT_SIZES:
+        for puzzle, solution in sudoku_puzzles(split)[:100]:
+            assert brute_force_solutions(puzzle, grids) == {solution}
+        for puzzle, solution in sudoku_puzzles(split):
+            assert count_solutions(puzzle) == 1 and solves(puzzle, format_grid(solution))
+            assert 6 <= puzzle.count("0") <= 12
+
+
+# ---------------------------------------------------------------------------------------------------- splits
+def test_splits_are_deterministic_disjoint_and_sized():
+    splits = {split: sudoku_puzzles(split) for split in SPLIT_SIZES}
+    assert {s: len(p) for s, p in splits.items()} == SPLIT_SIZES
+    seen = [{p for p, _ in pairs} for pairs in splits.values()]
+    assert sum(len(s) for s in seen) == sum(SPLIT_SIZES.values())  # no puzzle twice, within or across splits
+    assert sudoku_problems("test")[0] == (
+        format_grid(splits["test"][0][0]) + "=", format_grid(splits["test"][0][1])
+    )
+    with pytest.raises(ValueError, match="split"):
+        sudoku_puzzles("dev")
+
+
+def test_dataset_formats_and_prompt_tokens():
+    plain = sudoku_dataset("test", size=4)
+    assert plain.column_names == ["prompt", "puzzle", "answer"] and len(plain) == 4
+    prompt, answer = plain[0]["prompt"], plain[0]["answer"]
+    assert len(prompt) == 20 and prompt.endswith("=") and len(answer) == 19
+    chat = sudoku_dataset("test", size=4, conversational=True)
+    assert chat[0]["prompt"] == [{"role": "user", "content": prompt}]
+    tokenizer = build_toy_tokenizer()
+    ids = tokenizer(prompt + answer, add_special_tokens=False)["input_ids"]
+    assert len(ids) == 39 and tokenizer.unk_token_id not in ids  # one token per character, all known
+    with pytest.raises(ValueError, match="size"):
+        sudoku_dataset("test", size=201)
+
+
+# ---------------------------------------------------------------------------------------------------- reward
+def test_reward_scores_right_answers_one_and_wrong_ones_zero():
+    puzzle, solution = sudoku_puzzles("test")[0]
+    right = format_grid(solution)
+    other_valid = next(g for g in all_grids() if g != solution)  # a valid grid that ignores the givens
+    swapped = solution[1] + solution[0] + solution[2:]
+    completions = [
+        right,
+        right + "<|eos|><|eos|>",
+        f"  {right}\n",
+        right.replace(" ", "\n"),
+        format_grid(other_valid),
+        format_grid(swapped),
+        right + " 1234",  # a fifth row
+        right[:-1],  # a short row
+        right.replace(" ", ""),  # no row breaks
+        right[:5] + "0" + right[6:],  # a blank left in
+        right + "x",
+        "",
+        "<|eos|>" + right,
+    ]
+    expected = [1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    assert sudoku_reward(completions, [puzzle] * len(completions)) == expected
+    assert sudoku_reward([[{"role": "assistant", "content": right}]], [puzzle]) == [1.0]
+    with pytest.raises(ValueError):
+        sudoku_reward([right], [puzzle, puzzle])
+
+
+def test_reward_accepts_any_valid_solution_of_a_puzzle_with_several(grids):
+    puzzle = "0" * 16
+    assert sudoku_reward([format_grid(g) for g in sorted(grids)[:5]], [puzzle] * 5) == [1.0] * 5
+
+
+def test_cell_reward_gives_partial_credit_only_to_well_formed_grids_that_keep_the_givens():
+    puzzle, solution = sudoku_puzzles("test")[0]
+    blanks = [i for i, c in enumerate(puzzle) if c == "0"]
+    one_wrong = list(solution)
+    one_wrong[blanks[0]] = "1234".replace(solution[blanks[0]], "")[0]
+    given = next(i for i, c in enumerate(puzzle) if c != "0")
+    given_changed = list(solution)
+    given_changed[given] = "1234".replace(solution[given], "")[0]
+    completions = [
+        format_grid(solution),
+        format_grid("".join(one_wrong)),
+        format_grid("".join(given_changed)),  # a wrong given: no credit at all
+        format_grid(solution) + " 1234",
+        format_grid(solution[:15] + "5"),
+        "",
+    ]
+    scores = sudoku_cell_reward(completions, [puzzle] * len(completions))
+    assert scores == [1.0, pytest.approx(1 - 1 / len(blanks)), 0.0, 0.0, 0.0, 0.0]
+    for p, s in sudoku_puzzles("validation")[:50]:  # 1.0 exactly when the binary reward is 1
+        wrong = format_grid(s[::-1])
+        assert sudoku_cell_reward([format_grid(s), wrong], [p, p])[0] == 1.0
+        assert (sudoku_cell_reward([wrong], [p])[0] == 1.0) == bool(sudoku_reward([wrong], [p])[0])
+
+
+def test_solve_finds_the_unique_solution(grids):
+    for puzzle, solution in sudoku_puzzles("train")[:200]:
+        assert solve(puzzle) == solution
+    with pytest.raises(ValueError, match="solutions"):
+        solve("0" * 16)
+
+
+def test_parse_grid():
+    assert parse_grid("1234 3412 2143 4321") == "1234341221434321"
+    assert parse_grid("1234 3412 2143") is None and parse_grid("12345 3412 2143 4321") is None
