@@ -1,8 +1,10 @@
-"""The README's main job: RLDF on the embedded toy model raises held-out greedy accuracy (slow, ~5 min)."""
+"""The README's main job: RLDF on the Sudoku toy raises the held-out greedy solve rate (slow, ~5 min)."""
 
 import pytest
 
-from dllm_trl.__main__ import main, moving_average, parse_args
+import json
+
+from dllm_trl.__main__ import MAIN_JOB_DEFAULTS, main, moving_average, parse_args
 
 
 def test_moving_average_is_a_trailing_mean():
@@ -14,7 +16,7 @@ def test_flags_are_trl_style_with_hyphenated_aliases(capsys):
     assert (args.output_dir, args.max_steps, args.learning_rate, args.skip_eval) == ("a", 3, 1e-4, True)
     with pytest.raises(SystemExit):
         parse_args(["--help"])
-    assert "(default: 60)" in capsys.readouterr().out  # the help shows every default
+    assert f"(default: {MAIN_JOB_DEFAULTS['max_steps']})" in capsys.readouterr().out  # the help shows every default
     with pytest.raises(SystemExit):
         parse_args(["--eval_size", "0"])
     assert "--skip_eval" in capsys.readouterr().err
@@ -25,11 +27,16 @@ def test_main_job_runs_with_evaluation_skipped(tmp_path, capsys):
                     "--num_generations", "4", "--skip_eval"])
     assert summary["accuracy_before"] is None and summary["accuracy_after"] is None and len(summary["rewards"]) == 1
     assert (tmp_path / "reward_curve.png").stat().st_size > 0 and (tmp_path / "summary.json").is_file()
-    assert "evaluation skipped" in capsys.readouterr().out
+    out = capsys.readouterr()
+    assert "evaluation skipped" in out.out
+    # The console shows the bar and the closing lines, not TRL's metric dicts: those go to log_history.jsonl.
+    assert "'loss'" not in out.out + out.err and "rewards/sudoku_reward/mean" not in out.out + out.err
+    logged = [json.loads(line) for line in (tmp_path / "log_history.jsonl").read_text().splitlines()]
+    assert any("rewards/sudoku_reward/mean" in entry and "loss" in entry for entry in logged)
 
 
 @pytest.mark.slow
-def test_main_job_improves_toy_accuracy(tmp_path):
+def test_main_job_gains_thirty_points_at_its_defaults(tmp_path):
     summary = main(["--output_dir", str(tmp_path)])
     assert (tmp_path / "reward_curve.png").stat().st_size > 0
-    assert summary["accuracy_after"] >= summary["accuracy_before"] + 0.03, summary
+    assert summary["accuracy_after"] >= summary["accuracy_before"] + 0.30, summary

@@ -57,6 +57,15 @@ def parse_args(argv=None):
     return args
 
 
+def _quiet_third_party_imports() -> None:
+    """The job runs on CPU: DeepSpeed (imported by transformers' trainer) need not probe for an accelerator and warn,
+    and bitsandbytes (imported by PEFT) need not warn that its optional CPU kernel package is missing."""
+    import logging
+
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+
+
 def moving_average(values, window=10):
     """Trailing mean over the last ``window`` values (shorter at the start)."""
     out = []
@@ -73,6 +82,7 @@ def _minutes(seconds: float) -> str:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     start = time.perf_counter()
+    _quiet_third_party_imports()
     import torch
 
     from .cli import RewardProgressBar, sudoku_rldf_config

@@ -133,14 +133,14 @@ def toy_rldf_config(output_dir: str, **overrides):
 
 def sudoku_rldf_config(output_dir: str, **overrides):
     """RLDF settings of the main job on the Sudoku toy (and the base of the Sudoku benchmarks): the toy's sampler
-    (20 positions in one block, threshold 0.9, dual cache) at temperature 1, 4 puzzles x 8 generations per step,
+    (20 positions in one block, one cell per step, dual cache) at temperature 1, 4 puzzles x 8 generations per step,
     k = 4, β = 0, constant learning rate (see docs/main_job.md for the sweep)."""
     from .trainers import RLDFConfig
 
     gen = sudoku_generation_config()
     values = dict(
         output_dir=output_dir, max_completion_length=gen.gen_length, block_length=gen.block_length,
-        unmasking_threshold=gen.threshold, cache_mode="dual", temperature=1.0, num_generations=8,
+        unmasking=gen.unmasking, diffusion_steps=gen.steps, cache_mode="dual", temperature=1.0, num_generations=8,
         per_device_train_batch_size=32, num_sampled_timesteps=4, beta=0.0, learning_rate=1e-4,
         lr_scheduler_type="constant", max_steps=150, logging_steps=1, save_strategy="no", report_to="none",
         use_cpu=True, bf16=False, gradient_checkpointing=False, dataloader_pin_memory=False,

@@ -62,11 +62,15 @@ def quiet_progress_bars():
 
 
 def sudoku_generation_config(**overrides) -> DiffusionGenerationConfig:
-    """Sampler settings for the Sudoku toy: 20 positions in one block (the sampler picks the order of all 16
-    cells), dynamic threshold 0.9, greedy. Keyword arguments override any field (``temperature=1.0`` for rollouts).
+    """Sampler settings for the Sudoku toy: 20 positions in one block, static unmasking with 20 steps (one cell per
+    step, the most confident first: the sampler picks the order of all 16 cells), greedy. Keyword arguments override
+    any field (``temperature=1.0`` for rollouts).
+
+    Not the dynamic threshold of the addition toy: there RL's sharpening makes several cells cross the threshold in
+    one step, they are committed in parallel without seeing each other, and the grids break (docs/main_job.md).
     """
-    settings = dict(gen_length=SUDOKU_GEN_LENGTH, block_length=SUDOKU_GEN_LENGTH, unmasking="dynamic",
-                    threshold=0.9, temperature=0.0)
+    settings = dict(gen_length=SUDOKU_GEN_LENGTH, block_length=SUDOKU_GEN_LENGTH, unmasking="static",
+                    steps=SUDOKU_GEN_LENGTH, temperature=0.0)
     settings.update(overrides)
     return DiffusionGenerationConfig(**settings)
 
