@@ -20,7 +20,7 @@ Per run: greedy held-out solve rate of the first ``--eval-size`` test puzzles af
 measured once per model), the mean rollout reward per step, the fraction of loss tokens the trust region drops
 (``dppo/masked_frac``; ``clip_ratio/region_mean`` for the clipped surrogates), and for the divergence masks the
 fraction of tokens outside the trust region (``D > δ``) and, among those, the fraction on which the predictive and
-the ratio direction criteria decide differently — both directions computed on the same tokens by the trainer.
+the ratio direction criteria point differently — both directions computed on the same tokens by the trainer.
 Results go to a JSON file after every run (runs already there are skipped, so an interrupted study resumes), then a
 Markdown table and a PNG plot::
 
@@ -115,13 +115,18 @@ def record_metrics(records, args) -> dict:
     """Token counts of the mask over every loss call of a DPPOMaskTrainer run (``trainer._dppo_records``)."""
     import torch
 
+    from dllm_trl.losses.divergence_masks import ppo_mask
+
     tokens = {name: torch.cat([r[name] for r in records]) for name in ("div", "direction", "log_ratio",
-                                                                        "advantages", "keep")}
+                                                                        "advantages", "keep", "weights")}
     parts = direction_disagreement(tokens["div"], tokens["direction"], tokens["log_ratio"], tokens["advantages"],
                                    args.divergence_threshold, args.divergence_threshold_low,
                                    args.divergence_threshold_high)
     counts = {name: int(value.sum()) for name, value in parts.items()}
     n, outside = tokens["keep"].numel(), counts["outside"]
+    keep, weights = tokens["keep"], tokens["weights"].double()
+    # What the divergence mask lets through that GRPO clip-higher's ratio rule would have dropped.
+    ratio_drops = ~ppo_mask(tokens["log_ratio"], tokens["advantages"], 0.2, 0.28)
     return dict(
         tokens=n,
         masked_tokens=int((~tokens["keep"]).sum()),
@@ -132,6 +137,9 @@ def record_metrics(records, args) -> dict:
         disagree_frac_of_outside=counts["direction"] / outside if outside else None,
         decision_disagree_frac_of_outside=counts["decision"] / outside if outside else None,
         divergence_mean=float(tokens["div"].double().mean()) if n else None,
+        kept_but_ratio_clipped_tokens=int((keep & ratio_drops).sum()),
+        kept_weight_mean=float(weights[keep].mean()) if keep.any() else None,
+        kept_weight_max=float(weights[keep].max()) if keep.any() else None,
     )
 
 
@@ -235,13 +243,13 @@ def _mean_std(values):
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
-def _fmt(mean_std, digits=3, percent=False):
+def _fmt(mean_std, digits=3, percent=False, signed=False):
     mean, std = mean_std
     if mean is None:
         return "—"
     if percent:
         return f"{100 * mean:.{digits}f}% ± {100 * std:.{digits}f}%"
-    return f"{mean:.{digits}f} ± {std:.{digits}f}"
+    return f"{mean:{'+' if signed else ''}.{digits}f} ± {std:.{digits}f}"
 
 
 def collapsed(run, baseline) -> bool:
@@ -264,15 +272,16 @@ def summarise(runs, baseline):
         disagree=_mean_std([r.get("disagree_frac_of_outside") for r in runs]),
         disagree_pooled=(pooled_dis / pooled_out if pooled_out else None) if masks else None,
         pooled_counts=(pooled_dis, pooled_out) if masks else None,
+        reward_first=_mean_std([r["rewards"][0] for r in runs]),
         reward_tail=_mean_std([statistics.fmean(r["rewards"][-max(1, len(r["rewards"]) // 4):]) for r in runs]),
         seconds=_mean_std([r["train_seconds"] + r["eval_seconds"] for r in runs]),
     )
 
 
 HEADER = (
-    "| method | seeds | final solve rate | per seed | collapses | masked tokens (all steps) | masked tokens "
-    "(off-policy steps) | tokens with D > δ | disagreement (of D > δ) | reward, last quarter | s / run |\n"
-    "|---|---|---|---|---|---|---|---|---|---|---|"
+    "| method | seeds | final solve rate | per seed | Δ vs DPPO top-K KL (paired) | collapses | masked tokens (all steps) | masked tokens "
+    "(off-policy steps) | tokens with D > δ | disagreement (of D > δ) | reward, first rollout | reward, last quarter "
+    "| s / run |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -285,8 +294,11 @@ def markdown(store, args) -> str:
         f"rate: greedy, first {setup['eval_size']} puzzles of the test split; mean ± sample std over seeds. "
         "Collapse: final solve rate < ½ × the start. Masked tokens: mean over steps of the share of loss tokens the "
         "trust region drops (clipped surrogates: TRL's clip_ratio/region_mean, the same proximity-and-direction "
-        "test). Disagreement: among tokens with D > δ, the share on which the predictive and the ratio direction "
-        "decide differently (mean over seeds of the per-run share; pooled over all runs in brackets).",
+        "test). Δ vs DPPO top-K KL: per-seed difference of the final solve rate to the DPPO run of the same seed (same "
+        "first rollout), mean ± std. Disagreement: among tokens with D > δ, the share on which the predictive and the ratio direction "
+        "point differently, sign(g) ≠ sign(r − 1) (mean over seeds of the per-run share; pooled counts over all runs "
+        "in brackets). Reward: mean partial-credit reward of the temperature-1 rollouts, of the first rollout and of "
+        "the last quarter of them.",
         "",
     ]
     for model_kind in MODELS:
@@ -301,14 +313,17 @@ def markdown(store, args) -> str:
                 continue
             s = summarise(rows, baseline)
             per_seed = ", ".join(f"{a:.2f}" for a in s["per_seed"])
+            reference = {r["seed"]: r["solve_rate"] for r in runs if r["method"] == "dppo_topk_kl"}
+            deltas = [r["solve_rate"] - reference[r["seed"]] for r in rows if r["seed"] in reference]
+            paired = "—" if method == "dppo_topk_kl" or not deltas else _fmt(_mean_std(deltas), signed=True)
             disagree = _fmt(s["disagree"], 1, percent=True)
             if s["pooled_counts"] is not None:
                 dis, out = s["pooled_counts"]
                 disagree += f" ({dis}/{out})"
             lines.append(
-                f"| {LABELS[method]} | {len(rows)} | {_fmt(s['solve_rate'])} | [{per_seed}] | "
+                f"| {LABELS[method]} | {len(rows)} | {_fmt(s['solve_rate'])} | [{per_seed}] | {paired} | "
                 f"{s['collapses']}/{len(rows)} | {_fmt(s['masked'], 2, True)} | {_fmt(s['masked_off'], 2, True)} | "
-                f"{_fmt(s['outside'], 2, True)} | {disagree} | {_fmt(s['reward_tail'])} | "
+                f"{_fmt(s['outside'], 2, True)} | {disagree} | {_fmt(s['reward_first'])} | {_fmt(s['reward_tail'])} | "
                 f"{s['seconds'][0]:.0f} |"
             )
         lines.append("")
@@ -330,24 +345,27 @@ def plot(store, path):
         for i, method in enumerate(present):
             rows = [r for r in runs if r["method"] == method]
             n = min(len(r["rewards"]) for r in rows)
-            window = max(1, n // 8)
-            for ax, key in ((row[0], "rewards"), (row[2], "masked_frac_per_step")):
-                series = [[v if v is not None else float("nan") for v in r[key][:n]] for r in rows]
-                mean = [statistics.fmean(s[j] for s in series) for j in range(n)]
-                smooth = [statistics.fmean(mean[max(0, j - window + 1): j + 1]) for j in range(n)]
-                ax.plot(range(1, n + 1), smooth, label=LABELS[method], color=f"C{i}")
+            mean = [statistics.fmean(r["rewards"][j] for r in rows) for j in range(n)]
+            window = 3
+            smooth = [statistics.fmean(mean[max(0, j - window + 1): j + 1]) for j in range(n)]
+            row[0].plot([step + 1 for step in rows[0]["rollout_steps"][:n]], smooth, label=LABELS[method],
+                        color=f"C{i}", marker=".")
+            n = min(len(r["masked_frac_per_step"]) for r in rows)
+            masked = [statistics.fmean(r["masked_frac_per_step"][j] or 0.0 for r in rows) for j in range(n)]
+            row[2].plot(range(1, n + 1), masked, label=LABELS[method], color=f"C{i}", lw=1)
             rates = [r["solve_rate"] for r in rows]
             row[1].bar(i, statistics.fmean(rates), color=f"C{i}", alpha=0.6)
             row[1].scatter([i] * len(rates), rates, color="k", s=12, zorder=3)
-        row[0].set(title=f"{model_kind}: rollout reward (mean over seeds, trailing mean)", xlabel="optimizer step",
-                   ylabel="mean reward")
+        row[0].set(title=f"{model_kind}: rollout reward (seed mean, trailing mean of 3)",
+                   xlabel="optimizer step of the rollout", ylabel="mean partial-credit reward")
         row[1].axhline(baseline, color="r", ls="--", lw=1, label="start")
         row[1].axhline(0.5 * baseline, color="r", ls=":", lw=1, label="collapse line (½ start)")
         row[1].set_xticks(range(len(present)), [LABELS[m] for m in present], rotation=25, ha="right", fontsize=7)
         row[1].set(title=f"{model_kind}: final greedy solve rate (dots = seeds)", ylabel="solve rate")
-        row[2].set(title=f"{model_kind}: share of loss tokens masked / clipped", xlabel="optimizer step",
-                   ylabel="masked fraction")
+        row[2].set(title=f"{model_kind}: share of loss tokens masked / clipped (seed mean)",
+                   xlabel="optimizer step (a new rollout every num_iterations)", ylabel="masked fraction")
         for ax in row:
+            ax.title.set_fontsize(9)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
     fig.tight_layout()
@@ -367,7 +385,10 @@ def main(argv=None):
     setup = dict(steps=args.steps, num_iterations=args.num_iterations, learning_rate=args.learning_rate,
                  num_generations=args.num_generations, prompts_per_step=args.prompts_per_step, delta=args.delta,
                  top_k=args.top_k, eval_size=args.eval_size)
-    if store.get("setup") != setup:
+    if args.report_only:
+        if not store.get("runs"):
+            raise SystemExit(f"no runs in {results_path} to report")
+    elif store.get("setup") != setup:
         store = {"setup": setup, "baseline": {}, "runs": []}
     start = time.perf_counter()
     for model_kind in args.models:
@@ -390,8 +411,9 @@ def main(argv=None):
               f"{store['baseline'][model_kind]:.2f} -> {result['solve_rate']:.2f}, masked "
               f"{'—' if masked is None else f'{100 * masked:.2f}%'}, {result['train_seconds']:.0f}+"
               f"{result['eval_seconds']:.0f} s ({time.perf_counter() - start:.0f} s so far)", flush=True)
-    store["wall_seconds"] = store.get("wall_seconds", 0.0) + (time.perf_counter() - start)
-    results_path.write_text(json.dumps(store, indent=1) + "\n")
+    if todo:
+        store["wall_seconds"] = store.get("wall_seconds", 0.0) + (time.perf_counter() - start)
+        results_path.write_text(json.dumps(store, indent=1) + "\n")
     table = markdown(store, args)
     (out / f"{args.name}_table.md").write_text(table)
     if store["runs"]:

@@ -81,4 +81,6 @@ def test_quick_mode_writes_the_result_fields(trust_region, tmp_path):
     assert run["outside_frac"] == pytest.approx(run["outside_tokens"] / run["tokens"])
     if run["outside_tokens"]:
         assert run["disagree_frac_of_outside"] == pytest.approx(run["direction_disagree_tokens"] / run["outside_tokens"])
+    assert 0 <= run["kept_but_ratio_clipped_tokens"] <= run["tokens"] - run["masked_tokens"]
+    assert 0 < run["kept_weight_mean"] <= run["kept_weight_max"] <= 20.0  # the importance weight is truncated at C
     assert run["train_seconds"] > 0 and run["eval_seconds"] > 0
