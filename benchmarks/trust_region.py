@@ -64,7 +64,8 @@ def parse_args(argv=None):
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
     parser.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    parser.add_argument("--steps", type=int, default=48, help="Optimizer steps per run (12 rollouts at num_iterations 4).")
+    parser.add_argument("--steps", type=int, default=48,
+                        help="Optimizer steps per run (12 rollouts at num_iterations 4).")
     parser.add_argument("--num-iterations", type=int, default=4,
                         help="Optimizer steps per rollout batch (TRL's num_iterations): all but the first off-policy.")
     parser.add_argument("--learning-rate", type=float, default=1e-4, help="Constant learning rate (the main job's).")
@@ -151,8 +152,14 @@ def load_model(model_kind):
 
 
 def solve_rate(model_kind, model, tokenizer, eval_size) -> float:
-    from dllm_trl.toy import SUDOKU_GEN_LENGTH, evaluate_accuracy, evaluate_causal_accuracy, sudoku_dataset
-    from dllm_trl.toy import sudoku_generation_config, sudoku_reward
+    from dllm_trl.toy import (
+        SUDOKU_GEN_LENGTH,
+        evaluate_accuracy,
+        evaluate_causal_accuracy,
+        sudoku_dataset,
+        sudoku_generation_config,
+        sudoku_reward,
+    )
 
     held_out = sudoku_dataset("test", size=eval_size)
     if model_kind == "causal":
@@ -178,7 +185,8 @@ def make_trainer(model_kind, method, seed, args, output_dir):
         settings.update(divergence_threshold=args.delta, divergence_top_k=args.top_k, model_kind=model_kind)
     common = dict(
         temperature=1.0, num_generations=args.num_generations,
-        per_device_train_batch_size=args.num_generations * args.prompts_per_step, max_completion_length=SUDOKU_GEN_LENGTH,
+        per_device_train_batch_size=args.num_generations * args.prompts_per_step,
+        max_completion_length=SUDOKU_GEN_LENGTH,
         beta=0.0, learning_rate=args.learning_rate, lr_scheduler_type="constant", max_steps=args.steps,
         num_iterations=args.num_iterations, seed=seed, logging_steps=1, save_strategy="no", report_to="none",
         use_cpu=True, bf16=False, gradient_checkpointing=False, dataloader_pin_memory=False, disable_tqdm=True,
@@ -225,13 +233,14 @@ def run_one(model_kind, method, seed, args) -> dict:
         rewards=[entry["reward"] for entry in logs if "reward" in entry],  # one per rollout batch
         rollout_steps=[i for i, entry in enumerate(logs) if "reward" in entry],
         masked_frac_per_step=masked,
-        masked_frac=statistics.fmean(m for m in masked if m is not None) if any(m is not None for m in masked) else None,
+        masked_frac=statistics.fmean(logged) if (logged := [m for m in masked if m is not None]) else None,
         masked_frac_off_policy=statistics.fmean(off_policy) if off_policy else None,
         train_seconds=train_seconds, eval_seconds=eval_seconds,
     )
     if masks:
         result.update(record_metrics(trainer._dppo_records, trainer.args))
-        result["mu_from_rollout"] = statistics.fmean(e["dppo/mu_from_rollout"] for e in logs if "dppo/mu_from_rollout" in e)
+        result["mu_from_rollout"] = statistics.fmean(e["dppo/mu_from_rollout"] for e in logs
+                                                     if "dppo/mu_from_rollout" in e)
     return result
 
 
@@ -279,15 +288,15 @@ def summarise(runs, baseline):
 
 
 HEADER = (
-    "| method | seeds | final solve rate | per seed | Δ vs DPPO top-K KL (paired) | collapses | masked tokens (all steps) | masked tokens "
-    "(off-policy steps) | tokens with D > δ | disagreement (of D > δ) | reward, first rollout | reward, last quarter "
-    "| s / run |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    "| method | seeds | final solve rate | per seed | Δ vs DPPO top-K KL (paired) | collapses "
+    "| masked tokens (all steps) | masked tokens (off-policy steps) | tokens with D > δ | disagreement (of D > δ) "
+    "| reward, first rollout | reward, last quarter | s / run |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
 def markdown(store, args) -> str:
     setup = store["setup"]
-    lines = [
+    intro = (
         f"{setup['steps']} optimizer steps per run, {setup['prompts_per_step']} puzzles × {setup['num_generations']} "
         f"generations per rollout, each rollout reused for num_iterations = {setup['num_iterations']} steps, lr "
         f"{setup['learning_rate']:g} constant, β 0, δ = {setup['delta']:g} (top-K KL, K = {setup['top_k']}). Solve "
@@ -295,12 +304,12 @@ def markdown(store, args) -> str:
         "Collapse: final solve rate < ½ × the start. Masked tokens: mean over steps of the share of loss tokens the "
         "trust region drops (clipped surrogates: TRL's clip_ratio/region_mean, the same proximity-and-direction "
         "test). Δ vs DPPO top-K KL: per-seed difference of the final solve rate to the DPPO run of the same seed (same "
-        "first rollout), mean ± std. Disagreement: among tokens with D > δ, the share on which the predictive and the ratio direction "
-        "point differently, sign(g) ≠ sign(r − 1) (mean over seeds of the per-run share; pooled counts over all runs "
+        "first rollout), mean ± std. Disagreement: among tokens with D > δ, the share on which the predictive and the "
+        "ratio direction point differently, sign(g) ≠ sign(r − 1) (mean over seeds of the per-run share; pooled counts over all runs "
         "in brackets). Reward: mean partial-credit reward of the temperature-1 rollouts, of the first rollout and of "
-        "the last quarter of them.",
-        "",
-    ]
+        "the last quarter of them."
+    )
+    lines = [intro, ""]
     for model_kind in MODELS:
         runs = [r for r in store["runs"] if r["model"] == model_kind]
         if not runs:

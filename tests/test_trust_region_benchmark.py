@@ -25,7 +25,7 @@ def trust_region():
 def brute_force_disagreement(div, direction, log_ratio, advantages, delta_low, delta_high):
     """Token by token in plain Python, from SPEC §3: outside iff D > δ (δ_high where A > 0); the predictive direction
     is the sign of g, the ratio direction the sign of r − 1; a mask drops a token iff outside and A·(direction) > 0."""
-    sign = lambda x: (x > 0) - (x < 0)  # noqa: E731
+    sign = lambda x: (x > 0) - (x < 0)
     outside, direction_differs, decision_differs = [], [], []
     for d, g, lr, a in zip(div.tolist(), direction.tolist(), log_ratio.tolist(), advantages.tolist()):
         out = d > (delta_high if a > 0 else delta_low)
@@ -80,7 +80,8 @@ def test_quick_mode_writes_the_result_fields(trust_region, tmp_path):
     assert 0 <= run["decision_disagree_tokens"] <= run["direction_disagree_tokens"] <= run["outside_tokens"]
     assert run["outside_frac"] == pytest.approx(run["outside_tokens"] / run["tokens"])
     if run["outside_tokens"]:
-        assert run["disagree_frac_of_outside"] == pytest.approx(run["direction_disagree_tokens"] / run["outside_tokens"])
+        share = run["direction_disagree_tokens"] / run["outside_tokens"]
+        assert run["disagree_frac_of_outside"] == pytest.approx(share)
     assert 0 <= run["kept_but_ratio_clipped_tokens"] <= run["tokens"] - run["masked_tokens"]
     assert 0 < run["kept_weight_mean"] <= run["kept_weight_max"] <= 20.0  # the importance weight is truncated at C
     assert run["train_seconds"] > 0 and run["eval_seconds"] > 0

@@ -131,7 +131,7 @@ def toy_rldf_config(output_dir: str, **overrides):
     return RLDFConfig(**values)
 
 
-def sudoku_rldf_config(output_dir: str, config_class=None, **overrides):
+def sudoku_rldf_config(output_dir: str, *, config_class=None, **overrides):
     """RLDF settings of the main job on the Sudoku toy (and the base of the Sudoku benchmarks): the toy's sampler
     (20 positions in one block, threshold 0.9, dual cache) at temperature 1, 4 puzzles x 8 generations per step,
     k = 4, β = 0, constant learning rate (see docs/main_job.md for the sweep).
