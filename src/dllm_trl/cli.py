@@ -131,12 +131,16 @@ def toy_rldf_config(output_dir: str, **overrides):
     return RLDFConfig(**values)
 
 
-def sudoku_rldf_config(output_dir: str, **overrides):
+def sudoku_rldf_config(output_dir: str, *, config_class=None, **overrides):
     """RLDF settings of the main job on the Sudoku toy (and the base of the Sudoku benchmarks): the toy's sampler
     (20 positions in one block, one cell per step, dual cache) at temperature 1, 4 puzzles x 8 generations per step,
-    k = 4, β = 0, constant learning rate (see docs/main_job.md for the sweep)."""
+    k = 4, β = 0, constant learning rate (see docs/main_job.md for the sweep).
+
+    ``config_class`` is :class:`~dllm_trl.trainers.RLDFConfig` by default; a subclass (``DPPOMaskConfig``) takes the
+    same settings plus its own fields from ``overrides``."""
     from .trainers import RLDFConfig
 
+    config_class = config_class or RLDFConfig
     gen = sudoku_generation_config()
     values = dict(
         output_dir=output_dir, max_completion_length=gen.gen_length, block_length=gen.block_length,
@@ -146,7 +150,7 @@ def sudoku_rldf_config(output_dir: str, **overrides):
         use_cpu=True, bf16=False, gradient_checkpointing=False, dataloader_pin_memory=False,
     )
     values.update(overrides)
-    return RLDFConfig(**values)
+    return config_class(**values)
 
 
 class RewardProgressBar(TrainerCallback):
