@@ -202,3 +202,18 @@ def test_on_policy_targets_from_the_loss_forward_train_like_a_prepass(tmp_path, 
     assert norms == pytest.approx(base_norms, rel=1e-4)
     for name, value in params.items():
         torch.testing.assert_close(value, base_params[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def constant_reward(completions, **kwargs):
+    return [1.0] * len(completions)
+
+
+def test_a_step_without_learning_signal_logs_no_entropy_or_kl(tmp_path):
+    """Every group has equal rewards, so no token is scored: entropy and KL have no value to report (a logged 0 read
+    like a policy collapsed to determinism, on toy runs where most steps had no signal)."""
+    trainer = make_trainer(tmp_path, drop_zero_variance_groups=True)
+    trainer.reward_funcs = [constant_reward]
+    trainer.train()
+    logs = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert logs and all(entry["frac_reward_zero_std"] == 1.0 for entry in logs)
+    assert all("entropy" not in entry and "kl" not in entry for entry in logs), logs

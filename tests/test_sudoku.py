@@ -3,11 +3,27 @@
 from __future__ import annotations
 
 import itertools
+import json
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
-from dllm_trl.toy import build_toy_tokenizer
+from dllm_trl.toy import (
+    SUDOKU_GEN_LENGTH,
+    build_toy_tokenizer,
+    evaluate_accuracy,
+    evaluate_causal_accuracy,
+    load_sudoku,
+    load_sudoku_causal,
+    sudoku_generation_config,
+    toy_assets_dir,
+)
+from dllm_trl.toy.tokenizer import MASK_TOKEN as MASK
 from dllm_trl.toy.sudoku import (
     SPLIT_SIZES,
     all_grids,
@@ -185,3 +201,42 @@ def test_solve_finds_the_unique_solution(grids):
 def test_parse_grid():
     assert parse_grid("1234 3412 2143 4321") == "1234341221434321"
     assert parse_grid("1234 3412 2143") is None and parse_grid("12345 3412 2143 4321") is None
+
+
+# ----------------------------------------------------------------------------------------- shipped checkpoints
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("name", ["sudoku", "sudoku_causal"])
+def test_shipped_checkpoint_files_are_small(name):
+    folder = toy_assets_dir(name)
+    weights = folder / "model.safetensors"
+    assert weights.stat().st_size <= 10 * 2**20
+    for file in ("config.json", "tokenizer.json", "tokenizer_config.json", "pretrain_summary.json"):
+        assert (folder / file).is_file(), file
+
+
+def test_shipped_toys_are_partly_competent_on_held_out_puzzles():
+    test = sudoku_dataset("test")
+    model, tokenizer = load_sudoku()
+    diffusion = evaluate_accuracy(model, tokenizer, test, sudoku_generation_config(), 100, sudoku_reward)
+    causal_model, causal_tokenizer = load_sudoku_causal()
+    causal = evaluate_causal_accuracy(causal_model, causal_tokenizer, test, SUDOKU_GEN_LENGTH, 100, sudoku_reward)
+    assert 0.15 <= diffusion["accuracy"] <= 0.40 and 0.15 <= causal["accuracy"] <= 0.40, (diffusion, causal)
+    assert diffusion["nfe"] == 2 * SUDOKU_GEN_LENGTH  # one cell per step: 20 decoding steps per batch
+    assert all(MASK not in c for c in diffusion["completions"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["diffusion", "causal"])
+def test_script_reproduces_the_shipped_checkpoints(tmp_path, kind):
+    """Bit-exact on the software stack and CPU that produced the shipped files (2 threads)."""
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "pretrain_sudoku.py"), "--output-dir", str(tmp_path),
+                    "--model-kind", kind], check=True)
+    shipped = toy_assets_dir("sudoku" if kind == "diffusion" else "sudoku_causal")
+    assert json.loads((tmp_path / "pretrain_summary.json").read_text()) == json.loads(
+        (shipped / "pretrain_summary.json").read_text())
+    ours, theirs = load_file(tmp_path / "model.safetensors"), load_file(shipped / "model.safetensors")
+    assert ours.keys() == theirs.keys()
+    for name in ours:
+        torch.testing.assert_close(ours[name], theirs[name], rtol=0, atol=0, msg=name)

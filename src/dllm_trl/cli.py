@@ -155,19 +155,21 @@ def sudoku_rldf_config(output_dir: str, *, config_class=None, **overrides):
 
 class RewardProgressBar(TrainerCallback):
     """One tqdm bar in place of transformers' progress bar and log printer: the mean rollout reward (moving average
-    over ``window`` steps), the held-out accuracy whenever ``evaluate(model)`` runs (every ``eval_steps``), and
-    seconds per step.
+    over ``window`` steps), the moving averages of the logged metrics named in ``shown`` (label → metric key), the
+    held-out accuracy whenever ``evaluate(model)`` runs (every ``eval_steps``), and seconds per step.
 
     TRL's full metric dicts still reach the ``report_to`` backends, and go one JSON object per line to
     ``metrics_path``; ``accuracies`` collects ``(step, accuracy)`` of the evaluations during training.
     """
 
     def __init__(self, evaluate=None, eval_steps: int = 0, metrics_path: str | None = None, initial_accuracy=None,
-                 window: int = 10, description: str = "RLDF"):
+                 window: int = 10, description: str = "RLDF", shown: dict | None = None):
         self.evaluate, self.eval_steps, self.metrics_path, self.window = evaluate, eval_steps, metrics_path, window
         self.description = description
         self.accuracies: list[tuple[int, float]] = []
         self.rewards: list[float] = []
+        self.shown = {"reward": "reward", **(shown or {})}
+        self.history: dict[str, list[float]] = {label: [] for label in self.shown}
         self.postfix = {} if initial_accuracy is None else {"acc": f"{initial_accuracy:.3f}"}
         self.bar = None
         self._step_start = time.perf_counter()
@@ -209,9 +211,13 @@ class RewardProgressBar(TrainerCallback):
         logs = logs or {}
         if "reward" in logs:
             self.rewards.append(logs["reward"])
-            recent = self.rewards[-self.window:]
-            self.postfix = {"reward": f"{sum(recent) / len(recent):.3f}",
-                            **{k: v for k, v in self.postfix.items() if k != "reward"}}
+            averages = {}
+            for label, key in self.shown.items():
+                if key in logs:
+                    self.history[label].append(logs[key])
+                    recent = self.history[label][-self.window:]
+                    averages[label] = f"{sum(recent) / len(recent):.3f}"
+            self.postfix = {**averages, **{k: v for k, v in self.postfix.items() if k not in averages}}
         if self.metrics_path and state.is_world_process_zero:
             with open(self.metrics_path, "a") as f:
                 f.write(json.dumps({"step": state.global_step, **logs}) + "\n")

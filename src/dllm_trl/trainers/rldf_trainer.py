@@ -700,10 +700,11 @@ class RLDFTrainer(GRPOTrainer):
         self._metrics[mode]["rldf/target_tokens_per_step"].append((stats[0] / stats[1].clamp_min(1)).item())
         self._metrics[mode]["rldf/token_utility"].append((stats[2] / stats[1].clamp_min(1)).item())
         self._metrics[mode]["rldf/sampled_steps"].append((stats[1] / stats[4].clamp_min(1)).item())
-        if self._entropy_all is not None:  # TRL's metric: mean entropy of the tokens the loss reads
-            self._metrics[mode]["entropy"].append((stats[5] / stats[0].clamp_min(1)).item())
-        if self.beta != 0.0:
-            self._metrics[mode]["kl"].append((stats[3] / stats[0].clamp_min(1)).item())
+        scored = stats[0].item() > 0  # no token scored (every group dropped): entropy and KL have no value, not 0
+        if self._entropy_all is not None and scored:  # TRL's metric: mean entropy of the tokens the loss reads
+            self._metrics[mode]["entropy"].append((stats[5] / stats[0]).item())
+        if self.beta != 0.0 and scored:
+            self._metrics[mode]["kl"].append((stats[3] / stats[0]).item())
         if ppo:
             adv = advantages.view(-1, 1, 1)
             low = ((ratio < 1 - self.epsilon_low) & (adv < 0) & targets).sum().float()
