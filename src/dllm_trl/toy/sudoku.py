@@ -84,14 +84,19 @@ def _grids_with() -> tuple[tuple[int, ...], ...]:
     return tuple(table)
 
 
-def count_solutions(puzzle: str) -> int:
-    """Number of grids that agree with the puzzle's given (non-``0``) cells."""
+def _solutions(puzzle: str) -> int:
+    """Bit set over :func:`all_grids` of the grids that agree with the puzzle's given (non-``0``) cells."""
     table = _grids_with()
     candidates = (1 << len(all_grids())) - 1
     for cell, value in enumerate(puzzle):
         if value != BLANK:
             candidates &= table[cell][int(value) - 1]
-    return bin(candidates).count("1")
+    return candidates
+
+
+def count_solutions(puzzle: str) -> int:
+    """Number of grids that agree with the puzzle's given (non-``0``) cells."""
+    return bin(_solutions(puzzle)).count("1")
 
 
 def make_puzzle(grid: str, rng: random.Random, blanks: int) -> str:
@@ -189,11 +194,7 @@ def solves(puzzle: str, completion) -> bool:
 
 def solve(puzzle: str) -> str:
     """The unique solution of ``puzzle`` (a ``ValueError`` if it has none or several)."""
-    table = _grids_with()
-    candidates = (1 << len(all_grids())) - 1
-    for cell, value in enumerate(puzzle):
-        if value != BLANK:
-            candidates &= table[cell][int(value) - 1]
+    candidates = _solutions(puzzle)
     if bin(candidates).count("1") != 1:
         raise ValueError(f"puzzle {puzzle!r} has {bin(candidates).count('1')} solutions, not one.")
     return all_grids()[candidates.bit_length() - 1]
