@@ -594,6 +594,7 @@ def _fmt(mean_std, digits=3, signed=False):
     mean, std = mean_std
     if mean is None or math.isnan(mean):
         return "—"
+    mean = 0.0 if abs(mean) < 0.5 * 10**-digits else mean  # no "-0.000" for a mean that rounds to zero
     return f"{mean:{'+' if signed else ''}.{digits}f} ± {std:.{digits}f}"
 
 
