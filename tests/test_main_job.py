@@ -4,6 +4,8 @@ import pytest
 
 import json
 
+import torch
+
 from dllm_trl.__main__ import MAIN_JOB_DEFAULTS, main, moving_average, parse_args
 
 
@@ -34,6 +36,43 @@ def test_main_job_runs_with_evaluation_skipped(tmp_path, capsys):
     logged = [json.loads(line) for line in (tmp_path / "log_history.jsonl").read_text().splitlines()]
     assert any("rewards/sudoku_reward/mean" in entry and "loss" in entry for entry in logged)
 
+
+def test_main_job_trains_the_checkpoint_it_is_given(tmp_path):
+    """--model_name_or_path: a checkpoint written like the shipped one (here: the shipped one with its output layer
+    zeroed, so it writes no grid) is the one evaluated and trained."""
+    from dllm_trl.toy import load_sudoku
+
+    model, tokenizer = load_sudoku()
+    with torch.no_grad():
+        model.lm_head.weight.zero_()
+    checkpoint = tmp_path / "checkpoint"
+    model.save_pretrained(checkpoint)
+    tokenizer.save_pretrained(checkpoint)
+    args = ["--max_steps", "1", "--prompts_per_step", "1", "--num_generations", "4", "--eval_size", "32",
+            "--eval_steps", "0"]
+    shipped = main(["--output_dir", str(tmp_path / "shipped"), *args])
+    given = main(["--output_dir", str(tmp_path / "given"), "--model_name_or_path", str(checkpoint), *args])
+    assert given["settings"]["model_name_or_path"] == str(checkpoint)
+    assert shipped["accuracy_before"] > 0 and given["accuracy_before"] == 0
+
+
+
+def test_main_job_flags_reward_eval_steps_and_report_to_take_effect(tmp_path):
+    """--reward solve trains on the binary reward, --eval_steps evaluates during training, --report_to reaches the
+    tracker (TensorBoard writes event files)."""
+    summary = main(["--output_dir", str(tmp_path), "--max_steps", "3", "--prompts_per_step", "2",
+                    "--num_generations", "4", "--eval_size", "8", "--eval_steps", "1", "--reward", "solve",
+                    "--report_to", "tensorboard"])
+    # every step but the last, which the closing evaluation covers
+    assert [step for step, _ in summary["accuracy_during_training"]] == [1, 2]
+    assert all(0.0 <= accuracy <= 1.0 for _, accuracy in summary["accuracy_during_training"])
+    logged = [json.loads(line) for line in (tmp_path / "log_history.jsonl").read_text().splitlines()]
+    steps = [entry for entry in logged if "reward" in entry]
+    assert len(steps) == 3
+    for entry in steps:  # the trained reward is the binary one (weights 1, 0), the cell reward is only logged
+        assert entry["reward"] == pytest.approx(entry["rewards/sudoku_reward/mean"])
+    assert any(entry["reward"] != entry["rewards/sudoku_cell_reward/mean"] for entry in steps)
+    assert list(tmp_path.rglob("events.out.tfevents.*")), "no TensorBoard event file was written"
 
 @pytest.mark.slow
 def test_main_job_raises_the_held_out_solve_rate_at_its_defaults(tmp_path):

@@ -120,6 +120,22 @@ def test_splits_are_deterministic_disjoint_and_sized():
         sudoku_puzzles("dev")
 
 
+def test_max_blanks_keeps_exactly_the_easier_puzzles_in_order():
+    everything = sudoku_problems("train")
+    easy = sudoku_problems("train", max_blanks=8)
+    assert easy == [(prompt, answer) for prompt, answer in everything if prompt.count("0") <= 8]
+    assert 0 < len(easy) < len(everything) and sudoku_problems("train", max_blanks=12) == everything
+
+
+def test_pretrain_config_refuses_bad_fields():
+    from dllm_trl.toy.pretrain import SudokuPretrainConfig
+
+    with pytest.raises(ValueError, match="max_train_blanks"):
+        SudokuPretrainConfig(max_train_blanks=0)
+    with pytest.raises(ValueError, match="model_kind"):
+        SudokuPretrainConfig(model_kind="rnn")
+
+
 def test_dataset_formats_and_prompt_tokens():
     plain = sudoku_dataset("test", size=4)
     assert plain.column_names == ["prompt", "puzzle", "answer"] and len(plain) == 4

@@ -33,6 +33,9 @@ def parse_args(argv=None):
         parser.add_argument(f"--{name}", *([f"--{name.replace('_', '-')}"] if "_" in name else []), **kwargs)
 
     flag("output_dir", default="outputs/sudoku-rldf", help="Where the plot, summary, metrics and model go.")
+    flag("model_name_or_path", default=None,
+         help="Sudoku diffusion checkpoint to train (a folder written by scripts/pretrain_sudoku.py); "
+         "default: the shipped one.")
     flag("max_steps", type=int, default=MAIN_JOB_DEFAULTS["max_steps"], help="Optimizer steps.")
     flag("learning_rate", type=float, default=MAIN_JOB_DEFAULTS["learning_rate"], help="Constant learning rate.")
     flag("num_generations", type=int, default=MAIN_JOB_DEFAULTS["num_generations"],
@@ -95,7 +98,7 @@ def main(argv=None) -> dict:
 
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     os.makedirs(args.output_dir, exist_ok=True)
-    model, tokenizer = load_sudoku()
+    model, tokenizer = load_sudoku(path=args.model_name_or_path)
     held_out = sudoku_dataset("test", size=args.eval_size) if not args.skip_eval else None
     eval_config = sudoku_generation_config()
 

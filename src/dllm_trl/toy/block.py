@@ -27,7 +27,7 @@ from transformers import AutoTokenizer
 from ..generation import DiffusionGenerationConfig
 from ..losses.packed_states import pack_block_copies, packed_read_positions
 from ..models import attention_mask_dtype, build_tiny_sdar, load_diffusion_model, token_logps_at
-from .model import TOY_GEN_LENGTH
+from .model import TOY_GEN_LENGTH, quiet_progress_bars
 from .pretrain import ToyPretrainConfig, run_pretraining
 
 TOY_BLOCK_SIZE = 4
@@ -55,7 +55,8 @@ def toy_block_generation_config(**overrides) -> DiffusionGenerationConfig:
 def load_toy_block(device: str = "cpu", path: str | Path | None = None, **from_pretrained_kwargs):
     """``(model, tokenizer)`` of the shipped toy block model (or of ``path``), the model in eval mode."""
     path = str(path or toy_block_assets_dir())
-    model = load_diffusion_model(path, **from_pretrained_kwargs).to(device).eval()
+    with quiet_progress_bars():
+        model = load_diffusion_model(path, **from_pretrained_kwargs).to(device).eval()
     return model, AutoTokenizer.from_pretrained(path)
 
 

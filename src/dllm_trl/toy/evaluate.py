@@ -28,6 +28,37 @@ def score(reward, completions: list[str], dataset) -> list[float]:
     return [float(r) for r in reward(completions, **columns)]
 
 
+def _decode_dataset(model, tokenizer, dataset, batch_size: int, decode, reward) -> dict:
+    """The evaluation loop shared by both model kinds: ``decode(input_ids, attention_mask)`` returns
+    ``(completion_ids, completion_mask, nfe)`` for one batch of prompts; the completions are scored with ``reward``."""
+    device = model.get_input_embeddings().weight.device
+    prompts = list(dataset["prompt"])
+    completions, tokens, nfe, seconds = [], 0, 0, 0.0
+    was_training = model.training
+    model.eval()
+    try:
+        for begin in range(0, len(prompts), batch_size):
+            input_ids, attention_mask = encode_prompts(tokenizer, prompts[begin : begin + batch_size])
+            start = time.perf_counter()
+            completion_ids, completion_mask, batch_nfe = decode(input_ids.to(device), attention_mask.to(device))
+            completion_ids, completion_mask = completion_ids.cpu(), completion_mask.cpu()
+            seconds += time.perf_counter() - start
+            completions += decode_completions(tokenizer, completion_ids, completion_mask)
+            tokens += int(completion_mask.sum())
+            nfe += batch_nfe
+    finally:
+        model.train(was_training)
+    rewards = score(reward, completions, dataset)
+    return dict(
+        accuracy=sum(r >= 1.0 for r in rewards) / max(len(rewards), 1),
+        tokens_per_second=tokens / seconds if seconds > 0 else float("nan"),
+        nfe=nfe,
+        seconds=seconds,
+        num_problems=len(rewards),
+        completions=completions,
+    )
+
+
 def evaluate_accuracy(
     model,
     tokenizer,
@@ -40,62 +71,35 @@ def evaluate_accuracy(
     function called with the dataset's other columns: :func:`toy_reward` reads ``answer``, ``sudoku_reward``
     ``puzzle``).
 
-    Returns ``accuracy`` (share of reward 1), ``tokens_per_second`` (completion tokens up to and including EOS, per second of
-    sampler time), ``nfe`` (model forwards, all batches together), ``seconds``, ``num_problems`` and the
+    Returns ``accuracy`` (share of reward 1), ``tokens_per_second`` (completion tokens up to and including EOS, per
+    second of sampler time), ``nfe`` (model forwards, all batches together), ``seconds``, ``num_problems`` and the
     decoded ``completions``.
     """
     config = generation_config or toy_generation_config()
-    device = model.get_input_embeddings().weight.device
-    prompts = list(dataset["prompt"])
-    completions, tokens, nfe, seconds = [], 0, 0, 0.0
-    was_training = model.training
-    model.eval()
-    for begin in range(0, len(prompts), batch_size):
-        input_ids, attention_mask = encode_prompts(tokenizer, prompts[begin : begin + batch_size])
-        start = time.perf_counter()
-        out = diffusion_generate(model, input_ids.to(device), attention_mask.to(device), config)
-        mask = out.completion_mask.cpu()
-        seconds += time.perf_counter() - start
-        completions += decode_completions(tokenizer, out.completion_ids.cpu(), mask)
-        tokens += int(mask.sum())
-        nfe += out.nfe
-    model.train(was_training)
-    rewards = score(reward, completions, dataset)
-    return dict(
-        accuracy=sum(r >= 1.0 for r in rewards) / max(len(rewards), 1),
-        tokens_per_second=tokens / seconds if seconds > 0 else float("nan"),
-        nfe=nfe,
-        seconds=seconds,
-        num_problems=len(rewards),
-        completions=completions,
-    )
+
+    def decode(input_ids, attention_mask):
+        out = diffusion_generate(model, input_ids, attention_mask, config)
+        return out.completion_ids, out.completion_mask, out.nfe
+
+    return _decode_dataset(model, tokenizer, dataset, batch_size, decode, reward)
 
 
 def evaluate_causal_accuracy(model, tokenizer, dataset, max_new_tokens: int, batch_size: int = 64,
                              reward=toy_reward) -> dict:
     """Greedy left-to-right decoding (``model.generate``) of every prompt of ``dataset``, scored like
-    :func:`evaluate_accuracy`; returns ``accuracy``, ``seconds``, ``num_problems`` and the ``completions``."""
-    device = model.get_input_embeddings().weight.device
-    prompts = list(dataset["prompt"])
-    completions, seconds = [], 0.0
-    was_training = model.training
-    model.eval()
-    for begin in range(0, len(prompts), batch_size):
-        input_ids, attention_mask = encode_prompts(tokenizer, prompts[begin : begin + batch_size])
-        start = time.perf_counter()
+    :func:`evaluate_accuracy` (same keys; ``nfe`` counts one forward per generated position)."""
+
+    def decode(input_ids, attention_mask):
         with torch.no_grad():
-            out = model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
-                                 do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
+            out = model.generate(input_ids=input_ids, attention_mask=attention_mask, do_sample=False,
+                                 max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
                                  pad_token_id=tokenizer.pad_token_id)
-        seconds += time.perf_counter() - start
-        new = out[:, input_ids.shape[1]:].cpu()
+        new = out[:, input_ids.shape[1]:]
         is_eos = (new == tokenizer.eos_token_id).long()
         through_eos = (is_eos.cumsum(1) - is_eos) == 0  # up to and including the first EOS
-        completions += decode_completions(tokenizer, new, through_eos)
-    model.train(was_training)
-    rewards = score(reward, completions, dataset)
-    return dict(accuracy=sum(r >= 1.0 for r in rewards) / max(len(rewards), 1), seconds=seconds,
-                num_problems=len(rewards), completions=completions)
+        return new, through_eos, new.shape[1]
+
+    return _decode_dataset(model, tokenizer, dataset, batch_size, decode, reward)
 
 
 def main(argv: list[str] | None = None) -> dict:

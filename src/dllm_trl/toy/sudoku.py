@@ -151,9 +151,11 @@ def sudoku_puzzles(split: str = "train") -> list[tuple[str, str]]:
     return list(_split_puzzles()[split])
 
 
-def sudoku_problems(split: str = "train") -> list[tuple[str, str]]:
-    """``(prompt, answer)`` pairs of a split, e.g. ``("1030 0400 0002 3000=", "1234 3412 2143 4321")``."""
-    return [(sudoku_prompt(puzzle), format_grid(solution)) for puzzle, solution in sudoku_puzzles(split)]
+def sudoku_problems(split: str = "train", max_blanks: int | None = None) -> list[tuple[str, str]]:
+    """``(prompt, answer)`` pairs of a split, e.g. ``("1030 0400 0002 3000=", "1234 3412 2143 4321")``; with
+    ``max_blanks``, only the puzzles with at most that many blanks (in the split's order)."""
+    return [(sudoku_prompt(puzzle), format_grid(solution)) for puzzle, solution in sudoku_puzzles(split)
+            if max_blanks is None or puzzle.count(BLANK) <= max_blanks]
 
 
 def sudoku_dataset(split: str = "train", size: int | None = None, conversational: bool = False) -> Dataset:
