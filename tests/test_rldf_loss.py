@@ -564,7 +564,8 @@ def test_scoring_pass_scores_the_states_of_the_loss(trainer, tokenizer):
     expected = -sum(float(batch["advantages"][b]) * len(v) for (b, _), v in targets.items())
     expected /= sum(len(v) for v in targets.values())
     assert float(loss_ppo) == pytest.approx(expected, rel=1e-5, abs=1e-6)
-    _assert_grads_close(grads_ppo, grads_rf, atol=1e-6, rtol=1e-4)
+    # fp32 sums taken in another order: seen 2.3e-6 apart on one element of 1024 (Dream shapes, AMD EPYC)
+    _assert_grads_close(grads_ppo, grads_rf, atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("aggregation", ["sum_then_normalize", "normalize_then_sum"])
