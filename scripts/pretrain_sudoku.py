@@ -2,6 +2,8 @@
 
     python scripts/pretrain_sudoku.py                        # rewrites src/dllm_trl/assets/sudoku (diffusion)
     python scripts/pretrain_sudoku.py --model-kind causal    # rewrites src/dllm_trl/assets/sudoku_causal
+    python scripts/pretrain_sudoku.py --relabel-fraction 0.5 --target-accuracy 0.6 --threads 1
+                                                             # rewrites src/dllm_trl/assets/sudoku_noisy_teacher
     python scripts/pretrain_sudoku.py --output-dir /tmp/sudoku --target-accuracy 0.5
 
 Diffusion: paper 1 Eq. (2) on the response (grid ⊕ EOS), the prompt never masked. Causal: next-token
@@ -20,7 +22,9 @@ ASSETS = Path(__file__).resolve().parents[1] / "src" / "dllm_trl" / "assets"
 
 
 def default_output(config: SudokuPretrainConfig) -> Path:
-    return ASSETS / ("sudoku" if config.model_kind == "diffusion" else "sudoku_causal")
+    if config.model_kind == "causal":
+        return ASSETS / "sudoku_causal"
+    return ASSETS / ("sudoku_noisy_teacher" if config.relabel_fraction > 0 else "sudoku")
 
 
 if __name__ == "__main__":

@@ -40,9 +40,9 @@ def test_main_job_runs_with_evaluation_skipped(tmp_path, capsys):
 def test_main_job_trains_the_checkpoint_it_is_given(tmp_path):
     """--model_name_or_path: a checkpoint written like the shipped one (here: the shipped one with its output layer
     zeroed, so it writes no grid) is the one evaluated and trained."""
-    from dllm_trl.toy import load_sudoku
+    from dllm_trl.toy import load_sudoku_noisy_teacher
 
-    model, tokenizer = load_sudoku()
+    model, tokenizer = load_sudoku_noisy_teacher()
     with torch.no_grad():
         model.lm_head.weight.zero_()
     checkpoint = tmp_path / "checkpoint"
@@ -59,8 +59,12 @@ def test_main_job_trains_the_checkpoint_it_is_given(tmp_path):
 
 def test_main_job_flags_reward_eval_steps_and_report_to_take_effect(tmp_path):
     """--reward solve trains on the binary reward, --eval_steps evaluates during training, --report_to reaches the
-    tracker (TensorBoard writes event files)."""
-    summary = main(["--output_dir", str(tmp_path), "--max_steps", "3", "--prompts_per_step", "2",
+    tracker (TensorBoard writes event files). On the clean checkpoint, whose grids often earn partial credit (the
+    job's noisy-teacher one mostly scores 0 or 1 on both rewards, which would not tell them apart)."""
+    from dllm_trl.toy import toy_assets_dir
+
+    summary = main(["--output_dir", str(tmp_path), "--model_name_or_path", str(toy_assets_dir("sudoku")),
+                    "--max_steps", "3", "--prompts_per_step", "2",
                     "--num_generations", "4", "--eval_size", "8", "--eval_steps", "1", "--reward", "solve",
                     "--report_to", "tensorboard"])
     # every step but the last, which the closing evaluation covers
@@ -76,7 +80,9 @@ def test_main_job_flags_reward_eval_steps_and_report_to_take_effect(tmp_path):
 
 @pytest.mark.slow
 def test_main_job_raises_the_held_out_solve_rate_at_its_defaults(tmp_path):
-    """Measured +0.115 (0.235 → 0.350, docs/main_job.md); issue 12 asks for +0.30, which the job does not reach yet."""
+    """Issue 12's bar: at least +0.30 held out, a visibly rising reward (docs/main_job.md has the measured run)."""
     summary = main(["--output_dir", str(tmp_path)])
     assert (tmp_path / "reward_curve.png").stat().st_size > 0
-    assert summary["accuracy_after"] >= summary["accuracy_before"] + 0.05, summary
+    assert summary["accuracy_after"] >= summary["accuracy_before"] + 0.30, summary
+    rewards = summary["rewards"]
+    assert sum(rewards[-20:]) / 20 >= sum(rewards[:20]) / 20 + 0.2, rewards

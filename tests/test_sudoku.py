@@ -20,6 +20,7 @@ from dllm_trl.toy import (
     evaluate_causal_accuracy,
     load_sudoku,
     load_sudoku_causal,
+    load_sudoku_noisy_teacher,
     sudoku_generation_config,
     toy_assets_dir,
 )
@@ -30,6 +31,7 @@ from dllm_trl.toy.sudoku import (
     count_solutions,
     format_grid,
     is_valid_grid,
+    noisy_teacher_problems,
     parse_grid,
     solve,
     solves,
@@ -38,6 +40,7 @@ from dllm_trl.toy.sudoku import (
     sudoku_problems,
     sudoku_puzzles,
     sudoku_reward,
+    sudoku_up_to_relabelling_reward,
 )
 
 
@@ -134,6 +137,37 @@ def test_pretrain_config_refuses_bad_fields():
         SudokuPretrainConfig(max_train_blanks=0)
     with pytest.raises(ValueError, match="model_kind"):
         SudokuPretrainConfig(model_kind="rnn")
+    for bad in (-0.1, 1.0):
+        with pytest.raises(ValueError, match="relabel_fraction"):
+            SudokuPretrainConfig(relabel_fraction=bad)
+
+
+def test_noisy_teacher_relabels_its_share_and_only_the_verifier_up_to_relabelling_credits_it():
+    problems = sudoku_problems("train")[:2000]
+    noisy = noisy_teacher_problems(problems, 0.5, seed=3)
+    assert noisy == noisy_teacher_problems(problems, 0.5, seed=3) and noisy_teacher_problems(problems, 0.0) == problems
+    relabelled = [(p, a) for (p, a), (_, clean) in zip(noisy, problems) if a != clean]
+    assert [p for p, _ in noisy] == [p for p, _ in problems]
+    assert 0.45 < len(relabelled) / len(problems) < 0.55  # the drawn share, give or take sampling noise
+    by_prompt = dict(problems)
+    for prompt, answer in relabelled:  # exactly 1 and 2 exchanged, everywhere (reference: per character)
+        clean = by_prompt[prompt]
+        assert answer == "".join({"1": "2", "2": "1"}.get(c, c) for c in clean)
+    puzzles = [p[:-1].replace(" ", "") for p, _ in relabelled]
+    answers = [a for _, a in relabelled]
+    # a relabelled answer is a valid grid that breaks the givens: the task's rewards give it nothing ...
+    assert all(is_valid_grid(a.replace(" ", "")) for a in answers)
+    assert sudoku_reward(answers, puzzles) == [0.0] * len(answers)
+    assert sudoku_cell_reward(answers, puzzles) == [0.0] * len(answers)
+    # ... and the competence measure credits both conventions, but nothing else
+    assert sudoku_up_to_relabelling_reward(answers, puzzles) == [1.0] * len(answers)
+    clean_answers = [by_prompt[p] for p, _ in relabelled]
+    assert sudoku_up_to_relabelling_reward(clean_answers, puzzles) == [1.0] * len(answers)
+    other_relabelling = [a.translate(str.maketrans("34", "43")) for a in answers]
+    wrong = [a[:-2] + a[-1] + a[-2] if a[-1] != a[-2] else a[:-1] + "5" for a in clean_answers]
+    assert sudoku_up_to_relabelling_reward(other_relabelling + wrong, puzzles * 2) == [0.0] * (2 * len(answers))
+    with pytest.raises(ValueError, match="relabel_fraction"):
+        noisy_teacher_problems(problems, 1.5)
 
 
 def test_dataset_formats_and_prompt_tokens():
@@ -223,7 +257,7 @@ def test_parse_grid():
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("name", ["sudoku", "sudoku_causal"])
+@pytest.mark.parametrize("name", ["sudoku", "sudoku_noisy_teacher", "sudoku_causal"])
 def test_shipped_checkpoint_files_are_small(name):
     folder = toy_assets_dir(name)
     weights = folder / "model.safetensors"
@@ -238,18 +272,39 @@ def test_shipped_toys_are_partly_competent_on_held_out_puzzles():
     diffusion = evaluate_accuracy(model, tokenizer, test, sudoku_generation_config(), 100, sudoku_reward)
     causal_model, causal_tokenizer = load_sudoku_causal()
     causal = evaluate_causal_accuracy(causal_model, causal_tokenizer, test, SUDOKU_GEN_LENGTH, 100, sudoku_reward)
-    assert 0.15 <= diffusion["accuracy"] <= 0.40 and 0.15 <= causal["accuracy"] <= 0.40, (diffusion, causal)
-    assert diffusion["nfe"] == 2 * SUDOKU_GEN_LENGTH  # one cell per step: 20 decoding steps per batch
-    assert all(MASK not in c for c in diffusion["completions"])
+    noisy_model, noisy_tokenizer = load_sudoku_noisy_teacher()
+    noisy = evaluate_accuracy(noisy_model, noisy_tokenizer, test, sudoku_generation_config(), 100, sudoku_reward)
+    for result in (diffusion, causal, noisy):
+        assert 0.15 <= result["accuracy"] <= 0.40, (diffusion["accuracy"], causal["accuracy"], noisy["accuracy"])
+    for result in (diffusion, noisy):
+        assert result["nfe"] == 2 * SUDOKU_GEN_LENGTH  # one cell per step: 20 decoding steps per batch
+        assert all(MASK not in c for c in result["completions"])
+
+
+def test_noisy_teacher_toy_writes_both_conventions_and_is_competent_up_to_relabelling():
+    """What RL has to fix in the main job: a good share of greedy answers solve the puzzle with 1 and 2 exchanged."""
+    test = sudoku_dataset("test")
+    model, tokenizer = load_sudoku_noisy_teacher()
+    plain = evaluate_accuracy(model, tokenizer, test, sudoku_generation_config(), 100, sudoku_reward)
+    either = sudoku_up_to_relabelling_reward(plain["completions"], list(test["puzzle"]))
+    relabelled_share = sum(either) / len(either) - plain["accuracy"]
+    assert relabelled_share >= 0.15 and sum(either) / len(either) >= 0.5, (plain["accuracy"], relabelled_share)
+
+
+SHIPPED_PRETRAINING = {  # checkpoint -> the flags of scripts/pretrain_sudoku.py that produced it
+    "sudoku": ["--model-kind", "diffusion"],
+    "sudoku_causal": ["--model-kind", "causal"],
+    "sudoku_noisy_teacher": ["--relabel-fraction", "0.5", "--target-accuracy", "0.6", "--threads", "1"],
+}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["diffusion", "causal"])
-def test_script_reproduces_the_shipped_checkpoints(tmp_path, kind):
-    """Bit-exact on the software stack and CPU that produced the shipped files (2 threads)."""
+@pytest.mark.parametrize("name", list(SHIPPED_PRETRAINING))
+def test_script_reproduces_the_shipped_checkpoints(tmp_path, name):
+    """Bit-exact on the software stack and CPU that produced the shipped files (2 threads unless the flags say)."""
     subprocess.run([sys.executable, str(ROOT / "scripts" / "pretrain_sudoku.py"), "--output-dir", str(tmp_path),
-                    "--model-kind", kind], check=True)
-    shipped = toy_assets_dir("sudoku" if kind == "diffusion" else "sudoku_causal")
+                    *SHIPPED_PRETRAINING[name]], check=True)
+    shipped = toy_assets_dir(name)
     assert json.loads((tmp_path / "pretrain_summary.json").read_text()) == json.loads(
         (shipped / "pretrain_summary.json").read_text())
     ours, theirs = load_file(tmp_path / "model.safetensors"), load_file(shipped / "model.safetensors")

@@ -1,7 +1,8 @@
 """The main job: ``python -m dllm_trl`` trains the embedded Sudoku diffusion LM with RLDF on CPU.
 
-It measures the held-out greedy solve rate of the shipped 4×4 Sudoku checkpoint, trains it with
-:class:`~dllm_trl.RLDFTrainer` (reward 1 for a grid that solves the puzzle), measures again, and writes the reward
+It measures the held-out greedy solve rate of the shipped noisy-teacher 4×4 Sudoku checkpoint (pre-trained on answers
+of which half exchange the digits 1 and 2, so it writes either convention), trains it with
+:class:`~dllm_trl.RLDFTrainer` on the rule-checked reward, measures again, and writes the reward
 curve (``reward_curve.png``), ``summary.json`` and TRL's full per-step metrics (``log_history.jsonl``) to
 ``--output_dir``. The console shows one progress bar (mean rollout reward, held-out solve rate when evaluated, seconds
 per step) and a before/after line; ``--report_to tensorboard`` etc. send TRL's metrics to a tracker as usual.
@@ -35,7 +36,7 @@ def parse_args(argv=None):
     flag("output_dir", default="outputs/sudoku-rldf", help="Where the plot, summary, metrics and model go.")
     flag("model_name_or_path", default=None,
          help="Sudoku diffusion checkpoint to train (a folder written by scripts/pretrain_sudoku.py); "
-         "default: the shipped one.")
+         "default: the shipped noisy-teacher one (assets/sudoku_noisy_teacher).")
     flag("max_steps", type=int, default=MAIN_JOB_DEFAULTS["max_steps"], help="Optimizer steps.")
     flag("learning_rate", type=float, default=MAIN_JOB_DEFAULTS["learning_rate"], help="Constant learning rate.")
     flag("num_generations", type=int, default=MAIN_JOB_DEFAULTS["num_generations"],
@@ -92,13 +93,14 @@ def main(argv=None) -> dict:
     import torch
 
     from .cli import RewardProgressBar, sudoku_rldf_config
-    from .toy import evaluate_accuracy, load_sudoku, sudoku_cell_reward, sudoku_dataset, sudoku_generation_config
+    from .toy import evaluate_accuracy, load_sudoku_noisy_teacher, sudoku_cell_reward, sudoku_dataset
+    from .toy import sudoku_generation_config
     from .toy import sudoku_reward
     from .trainers import RLDFTrainer
 
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     os.makedirs(args.output_dir, exist_ok=True)
-    model, tokenizer = load_sudoku(path=args.model_name_or_path)
+    model, tokenizer = load_sudoku_noisy_teacher(path=args.model_name_or_path)
     held_out = sudoku_dataset("test", size=args.eval_size) if not args.skip_eval else None
     eval_config = sudoku_generation_config()
 

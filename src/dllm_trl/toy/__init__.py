@@ -14,8 +14,10 @@ produced by ``scripts/pretrain_toy.py``.
 from .evaluate import decode_completions, evaluate_accuracy, main
 from .evaluate import evaluate_causal_accuracy
 from .model import SUDOKU_GEN_LENGTH, TOY_GEN_LENGTH, TOY_MODEL_SHAPE, load_sudoku, load_sudoku_causal, load_toy
+from .model import load_sudoku_noisy_teacher
 from .model import sudoku_generation_config, toy_assets_dir, toy_generation_config
-from .sudoku import sudoku_cell_reward, sudoku_dataset, sudoku_problems, sudoku_reward
+from .sudoku import noisy_teacher_problems, sudoku_cell_reward, sudoku_dataset, sudoku_problems, sudoku_reward
+from .sudoku import sudoku_up_to_relabelling_reward
 from .task import TEST_SIZE, completion_text, toy_dataset, toy_problems, toy_reward
 from .tokenizer import CHAT_TEMPLATE, build_toy_tokenizer, encode_prompts
 
@@ -33,13 +35,16 @@ __all__ = [
     "evaluate_causal_accuracy",
     "load_sudoku",
     "load_sudoku_causal",
+    "load_sudoku_noisy_teacher",
     "load_toy",
     "main",
+    "noisy_teacher_problems",
     "sudoku_cell_reward",
     "sudoku_dataset",
     "sudoku_generation_config",
     "sudoku_problems",
     "sudoku_reward",
+    "sudoku_up_to_relabelling_reward",
     "toy_assets_dir",
     "toy_dataset",
     "toy_generation_config",

@@ -1,7 +1,10 @@
 """The embedded toy models: where their checkpoints live, their shapes, how they decode, and loading them.
 
 * addition (``assets/toy``): a masked-diffusion LM for :mod:`~dllm_trl.toy.task`, the fast test fixture;
-* Sudoku (``assets/sudoku``): a masked-diffusion LM for :mod:`~dllm_trl.toy.sudoku`, the main job's model;
+* Sudoku (``assets/sudoku``): a masked-diffusion LM for :mod:`~dllm_trl.toy.sudoku`, the estimator and trust-region
+  studies' model;
+* Sudoku, noisy teacher (``assets/sudoku_noisy_teacher``): the same model pre-trained longer on answers of which half
+  exchange the digits 1 and 2 (:func:`~dllm_trl.toy.sudoku.noisy_teacher_problems`), the main job's model;
 * Sudoku, causal (``assets/sudoku_causal``): an ordinary left-to-right ``LlamaForCausalLM`` on the same task, for
   the causal path of :class:`~dllm_trl.trainers.DPPOMaskTrainer` (paper 2's setting).
 """
@@ -34,7 +37,7 @@ SUDOKU_MODEL_SHAPE = TOY_MODEL_SHAPE
 
 def toy_assets_dir(name: str = "toy") -> Path:
     """Folder of a shipped checkpoint and its tokenizer inside the installed package: ``"toy"`` (addition),
-    ``"sudoku"`` or ``"sudoku_causal"``."""
+    ``"sudoku"``, ``"sudoku_noisy_teacher"`` or ``"sudoku_causal"``."""
     return Path(str(resources.files("dllm_trl").joinpath("assets", name)))
 
 
@@ -88,6 +91,11 @@ def load_toy(device: str = "cpu", path: str | Path | None = None, **from_pretrai
 def load_sudoku(device: str = "cpu", path: str | Path | None = None, **from_pretrained_kwargs):
     """``(model, tokenizer)`` of the shipped Sudoku diffusion toy (or of ``path``), in eval mode."""
     return load_toy(device, path or toy_assets_dir("sudoku"), **from_pretrained_kwargs)
+
+
+def load_sudoku_noisy_teacher(device: str = "cpu", path: str | Path | None = None, **from_pretrained_kwargs):
+    """``(model, tokenizer)`` of the shipped noisy-teacher Sudoku diffusion toy (the main job's), in eval mode."""
+    return load_toy(device, path or toy_assets_dir("sudoku_noisy_teacher"), **from_pretrained_kwargs)
 
 
 def load_sudoku_causal(device: str = "cpu", path: str | Path | None = None, **from_pretrained_kwargs):

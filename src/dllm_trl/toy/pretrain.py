@@ -231,18 +231,25 @@ SUDOKU_MODEL_KINDS = ("diffusion", "causal")
 class SudokuPretrainConfig(ToyPretrainConfig):
     """Settings of :func:`pretrain_sudoku` (the defaults, with ``model_kind``, produce the shipped checkpoints).
     Training stops on the validation split's greedy solve rate, so the test split stays held out;
-    ``max_train_blanks`` < 12 pre-trains on the easier train puzzles only (the evaluation stays on the full split)."""
+    ``max_train_blanks`` < 12 pre-trains on the easier train puzzles only (the evaluation stays on the full split);
+    ``relabel_fraction`` > 0 pre-trains on a noisy teacher's answers (:func:`~dllm_trl.toy.sudoku.noisy_teacher_problems`:
+    that share has 1 and 2 exchanged) and stops on the validation solve rate up to that relabelling (the main job's
+    checkpoint, ``assets/sudoku_noisy_teacher``)."""
 
     model_kind: str = "diffusion"
     eval_every: int = 10
     target_accuracy: float = 0.25
     max_train_blanks: int = 12
+    relabel_fraction: float = 0.0
 
     def __post_init__(self):
         if self.model_kind not in SUDOKU_MODEL_KINDS:
             raise ValueError(f"model_kind={self.model_kind!r}: expected one of {SUDOKU_MODEL_KINDS}.")
         if self.max_train_blanks < 1:
             raise ValueError(f"max_train_blanks={self.max_train_blanks}: expected ≥ 1.")
+        if not 0.0 <= self.relabel_fraction < 1.0:
+            raise ValueError(f"relabel_fraction={self.relabel_fraction}: expected a share in [0, 1) of the train "
+                             "answers (0 = the clean teacher).")
 
 
 def pretrain_sudoku(output_dir: str | Path, config: SudokuPretrainConfig | None = None, log=print) -> dict:
@@ -252,7 +259,8 @@ def pretrain_sudoku(output_dir: str | Path, config: SudokuPretrainConfig | None 
 
     from ..models import tiny_llada_config
     from .model import SUDOKU_GEN_LENGTH, SUDOKU_MODEL_SHAPE, sudoku_generation_config
-    from .sudoku import sudoku_dataset, sudoku_problems, sudoku_reward
+    from .sudoku import noisy_teacher_problems, sudoku_dataset, sudoku_problems, sudoku_reward
+    from .sudoku import sudoku_up_to_relabelling_reward
     from .evaluate import evaluate_causal_accuracy
 
     cfg = config or SudokuPretrainConfig()
@@ -282,13 +290,18 @@ def pretrain_sudoku(output_dir: str | Path, config: SudokuPretrainConfig | None 
     # evaluation than one cell per step, and at the stop both give the same validation solve rate, 0.25).
     generation_config = sudoku_generation_config(unmasking="dynamic", threshold=0.9, steps=None)
 
+    # with a noisy teacher, stop on competence: solved in either convention (RL's job is to pick the right one)
+    reward = sudoku_up_to_relabelling_reward if cfg.relabel_fraction > 0 else sudoku_reward
+
     def evaluate(model, tokenizer):
         if causal:
             return evaluate_causal_accuracy(model, tokenizer, validation, SUDOKU_GEN_LENGTH, cfg.eval_batch_size,
-                                            sudoku_reward)["accuracy"]
+                                            reward)["accuracy"]
         return evaluate_accuracy(model, tokenizer, validation, generation_config, cfg.eval_batch_size,
-                                 sudoku_reward)["accuracy"]
+                                 reward)["accuracy"]
 
+    train_problems = sudoku_problems("train", cfg.max_train_blanks)
+    if cfg.relabel_fraction > 0:
+        train_problems = noisy_teacher_problems(train_problems, cfg.relabel_fraction, seed=cfg.seed)
     return run_pretraining(output_dir, cfg, build, batch_loss, generation_config, log,
-                           train_problems=sudoku_problems("train", cfg.max_train_blanks), gen_length=SUDOKU_GEN_LENGTH,
-                           evaluate=evaluate)
+                           train_problems=train_problems, gen_length=SUDOKU_GEN_LENGTH, evaluate=evaluate)

@@ -158,6 +158,30 @@ def sudoku_problems(split: str = "train", max_blanks: int | None = None) -> list
             if max_blanks is None or puzzle.count(BLANK) <= max_blanks]
 
 
+RELABELLING = str.maketrans("12", "21")
+"""The noisy teacher's systematic error: digits 1 and 2 exchanged everywhere in its answer, givens included."""
+
+
+def noisy_teacher_problems(problems: list[tuple[str, str]], relabel_fraction: float, seed: int = 7):
+    """``problems`` (``(prompt, answer)`` pairs) as written by a teacher that, on a random ``relabel_fraction`` of
+    them (drawn with ``random.Random(seed)``), exchanges the digits 1 and 2 throughout its answer. A relabelled answer
+    is a valid grid that changes the givens, so the Sudoku rewards score it 0: pre-training on these gives a policy
+    that samples both conventions, the error that RL with the verifier can remove (the main job's checkpoint)."""
+    if not 0.0 <= relabel_fraction <= 1.0:
+        raise ValueError(f"relabel_fraction={relabel_fraction}: expected a share in [0, 1].")
+    rng = random.Random(seed)
+    return [(prompt, answer.translate(RELABELLING) if rng.random() < relabel_fraction else answer)
+            for prompt, answer in problems]
+
+
+def sudoku_up_to_relabelling_reward(completions, puzzle, **kwargs) -> list[float]:
+    """1.0 where the completion, or the completion with 1 and 2 exchanged, solves its puzzle: the competence of a
+    policy trained on :func:`noisy_teacher_problems`, whichever convention it writes in."""
+    plain = sudoku_reward(completions, puzzle)
+    relabelled = sudoku_reward([completion_text(c).translate(RELABELLING) for c in completions], puzzle)
+    return [max(a, b) for a, b in zip(plain, relabelled, strict=True)]
+
+
 def sudoku_dataset(split: str = "train", size: int | None = None, conversational: bool = False) -> Dataset:
     """The task as a `datasets.Dataset`: TRL's ``prompt`` column, ``puzzle`` (what the reward reads) and ``answer``
     (the unique solution, formatted as a completion; for display and pre-training only).
