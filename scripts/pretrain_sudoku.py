@@ -23,6 +23,8 @@ ASSETS = Path(__file__).resolve().parents[1] / "src" / "dllm_trl" / "assets"
 
 def default_output(config: SudokuPretrainConfig) -> Path:
     if config.model_kind == "causal":
+        if config.relabel_fraction > 0:  # no shipped causal noisy-teacher checkpoint to rewrite
+            raise SystemExit("a causal noisy-teacher toy is not shipped: pass --output-dir for it.")
         return ASSETS / "sudoku_causal"
     return ASSETS / ("sudoku_noisy_teacher" if config.relabel_fraction > 0 else "sudoku")
 

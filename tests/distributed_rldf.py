@@ -176,6 +176,11 @@ def main(output_dir: str, options: dict):
             os.path.join(output_dir, "result.pt"),
         )
         print(f"DISTRIBUTED_OK world={trainer.accelerator.num_processes} losses={losses}")
+    # Tear the process group down before the interpreter exits: left to interpreter shutdown, the CPU DeepSpeed
+    # ZeRO-3 run once aborted after writing its result ("terminate called without an active exception", rc -6).
+    trainer.accelerator.wait_for_everyone()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -232,9 +232,9 @@ class SudokuPretrainConfig(ToyPretrainConfig):
     """Settings of :func:`pretrain_sudoku` (the defaults, with ``model_kind``, produce the shipped checkpoints).
     Training stops on the validation split's greedy solve rate, so the test split stays held out;
     ``max_train_blanks`` < 12 pre-trains on the easier train puzzles only (the evaluation stays on the full split);
-    ``relabel_fraction`` > 0 pre-trains on a noisy teacher's answers (:func:`~dllm_trl.toy.sudoku.noisy_teacher_problems`:
-    that share has 1 and 2 exchanged) and stops on the validation solve rate up to that relabelling (the main job's
-    checkpoint, ``assets/sudoku_noisy_teacher``)."""
+    ``relabel_fraction`` > 0 pre-trains on a noisy teacher's answers
+    (:func:`~dllm_trl.toy.sudoku.noisy_teacher_problems`: that share has 1 and 2 exchanged) and stops on the
+    validation solve rate up to that relabelling (the main job's checkpoint, ``assets/sudoku_noisy_teacher``)."""
 
     model_kind: str = "diffusion"
     eval_every: int = 10
