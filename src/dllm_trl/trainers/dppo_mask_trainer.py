@@ -47,7 +47,7 @@ from ..models.loading import checkpoint_family, load_diffusion_model, read_raw_c
 from ..models.engines import apply_at
 from ..models.scoring import state_canvas
 from .dppo_mask_config import DPPOMaskConfig
-from .rldf_trainer import RLDFTrainer, _state_candidates, init_with_reference
+from .rldf_trainer import RLDFTrainer, _old_checkpointing_names_quiet, _state_candidates, init_with_reference
 
 BEHAVIOUR_KEYS = ("behaviour_topk_ids", "behaviour_topk_logps", "behaviour_logps")
 """Batch keys of the causal path: μ top-K ids / log-probs (B, C, K) and μ(a) (B, C), aligned with completion_ids."""
@@ -368,7 +368,8 @@ class DPPOMaskTrainer(RLDFTrainer):
                     "TRL's old-policy pass did not happen where DPPOMaskTrainer expected it (see _old_logps_needed)."
                 )
             return output
-        output = GRPOTrainer._generate_and_score_completions(self, inputs)
+        with _old_checkpointing_names_quiet():
+            output = GRPOTrainer._generate_and_score_completions(self, inputs)
         behaviour, self._behaviour = self._behaviour, None
         width = output["completion_ids"].shape[1]  # TRL right-pads (and may pad to a multiple): follow it
         for key, fill in zip(BEHAVIOUR_KEYS, (-1, 0.0, 0.0)):

@@ -26,6 +26,7 @@ import contextlib
 import copy
 import os
 import time
+import warnings
 
 import torch
 from transformers import PreTrainedModel
@@ -160,7 +161,8 @@ def init_with_reference(trainer, parent_init, model, args, load=None, **kwargs):
     if reference is not None:
         args.beta = 0.0
     try:
-        parent_init(model=model, args=args, **kwargs)
+        with _old_checkpointing_names_quiet():  # PEFT's PeftModel reads is_gradient_checkpointing
+            parent_init(model=model, args=args, **kwargs)
     finally:
         args.beta = beta
     trainer.beta = beta
@@ -180,6 +182,19 @@ def _state_candidates(batch, rows, j, args, block_size=None):
         mask_seed=None if seed is None else seed[rows],
         block_size=block_size,
     )
+
+
+@contextlib.contextmanager
+def _old_checkpointing_names_quiet():
+    """TRL (``unwrap_model_for_generation``, ``disable_gradient_checkpointing``: the rollout and the π_old pass) and
+    PEFT (``PeftModel``) read and toggle gradient checkpointing through transformers' old names
+    (``is_gradient_checkpointing``, ``gradient_checkpointing_disable/enable``), which transformers ≥ 5.24 deprecates
+    with a FutureWarning on every step. What they do is right; only those warnings, raised inside TRL and PEFT, are
+    dropped here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`(is_)?gradient_checkpointing\w*` is deprecated",
+                                category=FutureWarning)
+        yield
 
 
 class RLDFTrainer(GRPOTrainer):
@@ -350,7 +365,8 @@ class RLDFTrainer(GRPOTrainer):
         return out
 
     def _generate_and_score_completions(self, inputs):
-        output = super()._generate_and_score_completions(inputs)
+        with _old_checkpointing_names_quiet():  # TRL's rollout and π_old passes toggle checkpointing by the old names
+            output = super()._generate_and_score_completions(inputs)
         rollout, self._rollout = self._rollout, None
         output.update(rollout)
         if self.args.mask_truncated_completions:  # as TRL: a completion that never reached EOS is not learnt from
