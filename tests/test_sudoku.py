@@ -266,14 +266,20 @@ def test_shipped_checkpoint_files_are_small(name):
         assert (folder / file).is_file(), file
 
 
-def test_shipped_toys_are_partly_competent_on_held_out_puzzles():
+@pytest.fixture(scope="module")
+def noisy_teacher_greedy():
+    """The noisy-teacher toy's greedy decoding of the test split, scored by the binary reward (decoded once)."""
+    model, tokenizer = load_sudoku_noisy_teacher()
+    return evaluate_accuracy(model, tokenizer, sudoku_dataset("test"), sudoku_generation_config(), 100, sudoku_reward)
+
+
+def test_shipped_toys_are_partly_competent_on_held_out_puzzles(noisy_teacher_greedy):
     test = sudoku_dataset("test")
     model, tokenizer = load_sudoku()
     diffusion = evaluate_accuracy(model, tokenizer, test, sudoku_generation_config(), 100, sudoku_reward)
     causal_model, causal_tokenizer = load_sudoku_causal()
     causal = evaluate_causal_accuracy(causal_model, causal_tokenizer, test, SUDOKU_GEN_LENGTH, 100, sudoku_reward)
-    noisy_model, noisy_tokenizer = load_sudoku_noisy_teacher()
-    noisy = evaluate_accuracy(noisy_model, noisy_tokenizer, test, sudoku_generation_config(), 100, sudoku_reward)
+    noisy = noisy_teacher_greedy
     for result in (diffusion, causal, noisy):
         assert 0.15 <= result["accuracy"] <= 0.40, (diffusion["accuracy"], causal["accuracy"], noisy["accuracy"])
     for result in (diffusion, noisy):
@@ -281,12 +287,10 @@ def test_shipped_toys_are_partly_competent_on_held_out_puzzles():
         assert all(MASK not in c for c in result["completions"])
 
 
-def test_noisy_teacher_toy_writes_both_conventions_and_is_competent_up_to_relabelling():
+def test_noisy_teacher_toy_writes_both_conventions_and_is_competent_up_to_relabelling(noisy_teacher_greedy):
     """What RL has to fix in the main job: a good share of greedy answers solve the puzzle with 1 and 2 exchanged."""
-    test = sudoku_dataset("test")
-    model, tokenizer = load_sudoku_noisy_teacher()
-    plain = evaluate_accuracy(model, tokenizer, test, sudoku_generation_config(), 100, sudoku_reward)
-    either = sudoku_up_to_relabelling_reward(plain["completions"], list(test["puzzle"]))
+    plain = noisy_teacher_greedy
+    either = sudoku_up_to_relabelling_reward(plain["completions"], list(sudoku_dataset("test")["puzzle"]))
     relabelled_share = sum(either) / len(either) - plain["accuracy"]
     assert relabelled_share >= 0.15 and sum(either) / len(either) >= 0.5, (plain["accuracy"], relabelled_share)
 
