@@ -113,7 +113,7 @@ def direction_disagreement(div, direction, log_ratio, advantages, delta, delta_l
 
 
 def record_metrics(records, args) -> dict:
-    """Token counts of the mask over every loss call of a DPPOMaskTrainer run (``trainer._dppo_records``)."""
+    """Token counts of the mask over every loss call of a DPPOMaskTrainer run (``trainer.loss.records``)."""
     import torch
 
     from dllm_trl.losses.divergence_masks import ppo_mask
@@ -215,7 +215,7 @@ def run_one(model_kind, method, seed, args) -> dict:
         trainer.remove_callback(PrinterCallback)  # disable_tqdm swaps the progress bar for a log printer
         masks = METHODS[method]["kind"] == "mask"
         if masks:
-            trainer._dppo_records = []  # the trainer keeps the per-token mask tensors of every loss call here
+            trainer.loss.records = []  # the trainer keeps the per-token mask tensors of every loss call here
         start = time.perf_counter()
         trainer.train()
         train_seconds = time.perf_counter() - start
@@ -238,7 +238,7 @@ def run_one(model_kind, method, seed, args) -> dict:
         train_seconds=train_seconds, eval_seconds=eval_seconds,
     )
     if masks:
-        result.update(record_metrics(trainer._dppo_records, trainer.args))
+        result.update(record_metrics(trainer.loss.records, trainer.args))
         result["mu_from_rollout"] = statistics.fmean(e["dppo/mu_from_rollout"] for e in logs
                                                      if "dppo/mu_from_rollout" in e)
     return result

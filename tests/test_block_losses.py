@@ -26,7 +26,7 @@ from dllm_trl.losses.packed_states import (
 from dllm_trl.losses.rldf import INVALID_STEP
 from dllm_trl.models import build_tiny_fast_dllm_v2, build_tiny_sdar
 from dllm_trl.trainers import DPPOMaskConfig, DPPOMaskTrainer, RLDFConfig, RLDFTrainer
-from dllm_trl.trainers import rldf_trainer as rldf_trainer_module
+from dllm_trl.losses import rldf_loss as rldf_loss_module
 
 from .conftest import addition_dataset, length_reward, make_char_tokenizer, tiny_training_args
 from .test_rldf_loss import (
@@ -329,7 +329,7 @@ def test_chunked_packing_gives_the_same_loss_and_grads(trainer, tokenizer, state
     expected = reference_loss(batch, current, targets, ppo=True, beta=0.05, norm="token")
     expected_grads = _grads(expected, trainable_params(trainer.model))
     _configure(trainer, norm="token", c=0.2, beta=0.05)
-    with mock.patch.object(rldf_trainer_module, "states_per_forward", lambda *args: states_per_forward):
+    with mock.patch.object(rldf_loss_module, "states_per_forward", lambda *args: states_per_forward):
         inputs = prepare_batch(trainer, batch)
         calls, handle = count_forwards(trainer.model)
         try:
@@ -347,7 +347,7 @@ def test_scoring_pass_is_packed_and_scores_the_candidates(trainer, tokenizer):
     calls, handle = count_forwards(trainer.model)
     try:
         with torch.no_grad():
-            scored = trainer._logps_at_sampled_states(trainer.model, batch, batch_size=3)
+            scored = trainer.loss.score_states(trainer.model, batch, batch_size=3)
     finally:
         handle.remove()
     assert len(calls) == 2  # two row chunks, every state of a chunk in one forward
@@ -393,11 +393,11 @@ def test_dppo_mask_on_a_block_model_sees_the_rollout_distribution(tmp_path):
     trainer = DPPOMaskTrainer(model=model, reward_funcs=length_reward, args=args, train_dataset=addition_dataset(),
                               processing_class=tokenizer)
     assert trainer.model_kind == "diffusion"
-    trainer._dppo_records = []
+    trainer.loss.records = []
     trainer.train()
     logged = [entry for entry in trainer.state.log_history if "loss" in entry]
     assert logged and all(math.isfinite(entry["loss"]) for entry in logged)
-    tokens = {name: torch.cat([r[name] for r in trainer._dppo_records]) for name in trainer._dppo_records[0]}
+    tokens = {name: torch.cat([r[name] for r in trainer.loss.records]) for name in trainer.loss.records[0]}
     from_rollout = tokens["from_rollout"].bool()
     assert from_rollout.sum() > 0
     torch.testing.assert_close(tokens["log_ratio"][from_rollout], torch.zeros(int(from_rollout.sum())), atol=1e-4, rtol=0)

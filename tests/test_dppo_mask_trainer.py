@@ -138,7 +138,7 @@ def rule_by_hand(record, args, vocab_size):
 
 
 def check_masks_follow_rule(trainer, vocab_size):
-    records = trainer._dppo_records
+    records = trainer.loss.records
     assert records
     fired = 0
     for record in records:
@@ -163,8 +163,12 @@ def test_hooks_exist_in_pinned_libraries():
     for name in ("_generate_single_turn", "_get_per_token_logps_and_entropies", "_generate_and_score_completions",
                  "_compute_loss"):
         assert hasattr(GRPOTrainer, name), name
-    for name in ("_step_loss", "_log_rldf_metrics", "_prepare_reference", "_loss_normalizer"):
+    from dllm_trl.losses import RLDFLoss
+
+    for name in ("_loss_normalizer", "make_loss"):
         assert hasattr(RLDFTrainer, name), name
+    for name in ("step_loss", "metric_sums", "normalizer", "score_for_policy_pass", "begin"):
+        assert hasattr(RLDFLoss, name), name
     assert hasattr(GenerationMixin, "_get_logits_processor")
 
 
@@ -190,8 +194,10 @@ def test_config_validation_names_the_field(tmp_path):
             make_args(tmp_path, **{field: value})
     args = make_args(tmp_path)
     assert args.mask_rule == "predictive" and args.tail_estimator == "uniform" and args.divergence_top_k == 4
-    assert args.diffusion_generation_config().record_topk == 4
-    assert make_args(tmp_path, divergence_top_k=0).diffusion_generation_config().record_topk == 1
+    from dllm_trl.losses import DiffusionTrustRegionLoss
+
+    assert DiffusionTrustRegionLoss(args, 16, 1.0, 1, 0).record_topk == 4  # what the loss asks the sampler to record
+    assert DiffusionTrustRegionLoss(make_args(tmp_path, divergence_top_k=0), 16, 1.0, 1, 0).record_topk == 1
     assert make_args(tmp_path, mask_direction="ratio").mask_rule == "dppo"
     assert make_args(tmp_path, block_length=None, max_completion_length=12).block_length == 12
     assert make_args(tmp_path, block_length=None, max_completion_length=64).block_length == 32
@@ -288,9 +294,9 @@ def test_causal_off_policy_masks_follow_the_rule(tmp_path, direction, divergence
         mask_direction=direction, divergence=divergence, tail_estimator=tail, divergence_top_k=top_k,
         divergence_threshold=2e-3, divergence_threshold_high=1e-3,
     )
-    trainer._dppo_records = []
+    trainer.loss.records = []
     trainer.train()
-    first, second = trainer._dppo_records
+    first, second = trainer.loss.records
     assert first["div"].abs().max() < 1e-4  # on-policy: μ is the sampling distribution itself
     assert second["div"].max() > 1e-3
     assert check_masks_follow_rule(trainer, vocab_size=len(make_char_tokenizer())) > 0
@@ -305,13 +311,13 @@ def test_diffusion_train_updates_parameters_and_logs(tmp_path):
     trainer = make_trainer(tmp_path, tiny_diffusion(), reward=digit_reward, max_steps=1, temperature=0.8, top_k=8,
                            clean_target_threshold=0.05)
     assert trainer.model_kind == "diffusion"
-    trainer._dppo_records = []
+    trainer.loss.records = []
     before = snapshot(trainer.model)
     trainer.train()
     assert changed(before, trainer.model)
     logs = check_logs(trainer, steps=1)
     assert all("rldf/token_utility" in entry for entry in logs)
-    tokens = {name: torch.cat([r[name] for r in trainer._dppo_records]) for name in trainer._dppo_records[0]}
+    tokens = {name: torch.cat([r[name] for r in trainer.loss.records]) for name in trainer.loss.records[0]}
     assert tokens["from_rollout"].any() and (~tokens["from_rollout"]).any()
     own = ~tokens["from_rollout"]
     assert tokens["div"][own].abs().max() < 1e-5
@@ -324,9 +330,9 @@ def test_diffusion_off_policy_masks_follow_the_rule(tmp_path, source):
         tmp_path, tiny_diffusion(), reward=digit_reward, num_iterations=2, learning_rate=3e-2, behaviour_source=source,
         clean_target_threshold=0.05, divergence_threshold=2e-3,
     )
-    trainer._dppo_records = []
+    trainer.loss.records = []
     trainer.train()
-    tokens = {name: torch.cat([r[name] for r in trainer._dppo_records]) for name in trainer._dppo_records[0]}
+    tokens = {name: torch.cat([r[name] for r in trainer.loss.records]) for name in trainer.loss.records[0]}
     assert tokens["div"].max() > 1e-3
     if source == "old":
         assert not tokens["from_rollout"].any()
@@ -385,11 +391,11 @@ def test_diffusion_step_loss_matches_a_full_vocabulary_reference(tmp_path, itera
     for b, j in (sampled != -1).nonzero().tolist():
         t = sampled[b, j]
         state = noisy_state(inputs["rollout_ids"][b : b + 1], inputs["commit_step"][b : b + 1], t.view(1),
-                            trainer._mask_token_id)
+                            trainer.loss.mask_token_id)
         ids = torch.cat([prompt[b : b + 1], state], dim=1)
         mask = torch.cat([inputs["rollout_prompt_mask"][b : b + 1], torch.ones_like(state)], dim=1)
         logits = model(input_ids=ids, attention_mask=mask).logits[0, prompt.shape[1]:].float()
-        scaled = (logits / trainer._score_temperature).index_fill(-1, torch.tensor([trainer._mask_token_id]),
+        scaled = (logits / trainer.loss.score_temperature).index_fill(-1, torch.tensor([trainer.loss.mask_token_id]),
                                                                    float("-inf"))
         logp, raw = scaled.log_softmax(-1), logits.log_softmax(-1)
         for g in inputs["target_mask"][b, j].nonzero().squeeze(1).tolist():
@@ -404,8 +410,8 @@ def test_diffusion_step_loss_matches_a_full_vocabulary_reference(tmp_path, itera
                 mu_logps, mu_ids = logp[g].detach().topk(top_k)
                 mu_a = logp[g, a].detach()
             support = logp[g].gather(-1, torch.cat([mu_ids.clamp(min=0), a.view(1)]))
-            terms, _ = trainer._masked_terms(support[None], mu_ids[None], mu_logps[None], a.view(1), mu_a.view(1),
-                                             inputs["advantages"][b].view(1), trainer._vocab_size)
+            terms, _ = trainer.loss.masked_terms(support[None], mu_ids[None], mu_logps[None], a.view(1), mu_a.view(1),
+                                             inputs["advantages"][b].view(1))
             old = inputs["old_per_token_logps"][b, j, g] if "old_per_token_logps" in inputs else raw[g, a].detach()
             kl = trainer.beta * k3_kl(raw[g, a], inputs["ref_per_token_logps"][b, j, g]) * (raw[g, a] - old).exp()
             expected = expected + (terms[0] + kl) * normalizer[b, j]

@@ -24,7 +24,7 @@ from dllm_trl.losses import estimators as est
 from dllm_trl.losses.rldf import INVALID_STEP
 from dllm_trl.models import build_tiny_llada
 from dllm_trl.trainers import RLDFConfig, RLDFTrainer
-from dllm_trl.trainers import rldf_trainer as rldf_trainer_module
+from dllm_trl.losses import rldf_loss as rldf_loss_module
 
 from .conftest import addition_dataset, length_reward, make_char_tokenizer
 from .test_rldf_loss import ACCUM, EPS_HIGH, EPS_LOW, GEN, prepare_batch, random_batch, trainable_params
@@ -389,7 +389,7 @@ def test_trainer_loss_and_grads_match_bruteforce(trainer, tokenizer, estimator, 
         torch.testing.assert_close(a, e, atol=2e-6, rtol=1e-4)
     # the scoring pass (old / ref) scores the same states as the loss, at every position a term can read
     with torch.no_grad():
-        scored = trainer._logps_at_sampled_states(model, inputs, batch_size=2)
+        scored = trainer.loss.score_states(model, inputs, batch_size=2)
     for (b, j), logps in current.items():
         read = inputs["target_mask"][b, j] if estimator != "rldf" else (
             (inputs["commit_step"][b] >= inputs["sampled_steps"][b, j]) & inputs["valid_mask"][b].bool()
@@ -462,11 +462,11 @@ def test_masks_are_fixed_across_iterations_and_accumulation(tmp_path, options):
                           processing_class=tok)
     assert trainer.args.steps_per_generation == 2
     states, ratios = {}, []
-    original_state_inputs = rldf_trainer_module._state_inputs
-    original_terms = rldf_trainer_module.policy_token_terms
+    original_state_inputs = trainer.loss.state_inputs
+    original_terms = rldf_loss_module.policy_token_terms
 
-    def recording_state_inputs(batch, rows, j, mask_token_id, args):
-        prompt_ids, prompt_mask, state = original_state_inputs(batch, rows, j, mask_token_id, args)
+    def recording_state_inputs(batch, rows, j, mask_token_id):
+        prompt_ids, prompt_mask, state = original_state_inputs(batch, rows, j, mask_token_id)
         for n, row in enumerate(rows.tolist()):
             key = (int(batch["mask_seed"][row]), int(batch["sampled_steps"][row, j]))
             states.setdefault(key, []).append((prompt_ids[n].clone(), state[n].clone()))
@@ -477,8 +477,8 @@ def test_masks_are_fixed_across_iterations_and_accumulation(tmp_path, options):
         ratios.append((trainer._step, None if ratio is None else ratio.detach().clone()))
         return terms, ratio
 
-    with mock.patch.object(rldf_trainer_module, "_state_inputs", recording_state_inputs), \
-            mock.patch.object(rldf_trainer_module, "policy_token_terms", recording_terms):
+    with mock.patch.object(trainer.loss, "state_inputs", recording_state_inputs), \
+            mock.patch.object(rldf_loss_module, "policy_token_terms", recording_terms):
         trainer.train()
     assert states
     num_states = 2 if options["policy_estimator"] == "random_masking" else 1

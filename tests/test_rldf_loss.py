@@ -543,7 +543,7 @@ def test_scoring_pass_scores_the_states_of_the_loss(trainer, tokenizer):
     gradient vanish, so PPO + KL has exactly the REINFORCE gradient (same Ô_t, since old = current)."""
     batch = random_batch(tokenizer, seed=51)
     with torch.no_grad():
-        scored = trainer._logps_at_sampled_states(trainer.model, batch, batch_size=2)
+        scored = trainer.loss.score_states(trainer.model, batch, batch_size=2)
     current = reference_state_logps(trainer.model, batch)
     unread = 0
     for (b, j), logps in current.items():
@@ -870,3 +870,19 @@ def test_noisy_state_replays_the_sampler_canvases(tokenizer):
             never = steps[0] == NEVER_COMMITTED
             assert torch.equal(final[~never], ids[0][~never]) and (final[never] == mask_id).all()
     assert all(seen.values()), seen
+
+
+def test_zero_variance_ignores_unscorable_completions_as_trl_does(llada_trainer):
+    """A reward function returning None (NaN after TRL's gathering) for one completion: TRL's advantages take the
+    group's spread with ``nanstd`` over the other completions, so a group whose other completions vary keeps its
+    signal and must not be dropped; a group whose scored completions are all equal is dropped."""
+    trainer = llada_trainer
+    nan = float("nan")
+    rewards = torch.tensor([[nan, 0.0, 1.0, 1.0], [nan, 0.5, 0.5, 0.5]]).view(8, 1)
+    trainer._gathered_rewards = rewards
+    try:
+        for aggregation in ("normalize_then_sum", "sum_then_normalize"):
+            trainer.args.multi_objective_aggregation = aggregation
+            assert trainer._zero_variance_rows().tolist() == [False] * 4 + [True] * 4, aggregation
+    finally:
+        trainer.args.multi_objective_aggregation = "sum_then_normalize"

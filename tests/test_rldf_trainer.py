@@ -29,10 +29,8 @@ OVERRIDDEN = [
 
 def test_overridden_methods_exist_in_pinned_trl():
     own = {name for name, value in vars(RLDFTrainer).items() if inspect.isfunction(value) and name != "__init__"}
-    private_helpers = {"_prepare_reference", "_logps_at_sampled_states", "_log_rldf_metrics", "_target_mask",
-                       "_loss_normalizer", "_zero_loss", "_step_loss", "_clean_targets_from_loss", "_candidate_mask",
-                       "_finish_pending_normalization", "_zero_variance_rows", "_packs_states", "_loss_chunks",
-                       "_chunk_loss", "_packed_state_logps", "_packed_logps_at_sampled_states"}
+    private_helpers = {"make_loss", "_old_logps_needed", "_zero_variance_rows", "_clean_targets_from_loss",
+                       "_loss_normalizer", "_finish_pending_normalization", "_generator_files"}
     assert own - private_helpers == set(OVERRIDDEN)
     for name in OVERRIDDEN:
         assert hasattr(GRPOTrainer, name), f"GRPOTrainer.{name} no longer exists: RLDFTrainer overrides a ghost"

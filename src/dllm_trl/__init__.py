@@ -17,6 +17,9 @@ _EXPORTS = {
     "DiffusionGenerationOutput": "generation",
     "diffusion_generate": "generation",
     "load_diffusion_model": "models",
+    "CausalDPPOMaskConfig": "trainers",
+    "CausalDPPOMaskTrainer": "trainers",
+    "DiffusionDPPOMaskTrainer": "trainers",
     "DPPOMaskConfig": "trainers",
     "DPPOMaskTrainer": "trainers",
     "RLDFConfig": "trainers",
@@ -28,4 +31,12 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 if TYPE_CHECKING:
     from .generation import DiffusionGenerationConfig, DiffusionGenerationOutput, diffusion_generate
     from .models import load_diffusion_model
-    from .trainers import DPPOMaskConfig, DPPOMaskTrainer, RLDFConfig, RLDFTrainer
+    from .trainers import (
+        CausalDPPOMaskConfig,
+        CausalDPPOMaskTrainer,
+        DiffusionDPPOMaskTrainer,
+        DPPOMaskConfig,
+        DPPOMaskTrainer,
+        RLDFConfig,
+        RLDFTrainer,
+    )

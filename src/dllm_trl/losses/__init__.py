@@ -1,8 +1,10 @@
-"""Trajectory -> sampled states -> per-token loss terms (SPEC §2–3). Pure tensor functions."""
+"""Trajectory -> sampled states -> per-token loss terms (SPEC §2–3): tensor functions, and the loss objects the
+trainers call (:class:`RLDFLoss`, :class:`DiffusionTrustRegionLoss`, :class:`CausalTrustRegionLoss`)."""
 
 from .rldf import (
     INVALID_STEP,
     clean_target_mask,
+    corrected_k3_kl,
     k3_kl,
     noisy_state,
     policy_token_terms,
@@ -10,8 +12,16 @@ from .rldf import (
     sequential_target_mask,
     step_uncertainty,
 )
+from .rldf_loss import LossCall, RLDFLoss, zero_variance_rows
+from .trust_region_loss import CausalTrustRegionLoss, DiffusionTrustRegionLoss
 
 __all__ = [
+    "CausalTrustRegionLoss",
+    "DiffusionTrustRegionLoss",
+    "LossCall",
+    "RLDFLoss",
+    "corrected_k3_kl",
+    "zero_variance_rows",
     "INVALID_STEP",
     "clean_target_mask",
     "k3_kl",

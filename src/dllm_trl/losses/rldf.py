@@ -97,6 +97,17 @@ def k3_kl(logps: torch.Tensor, ref_logps: torch.Tensor) -> torch.Tensor:
     return torch.exp(delta) - delta - 1
 
 
+def corrected_k3_kl(
+    logps: torch.Tensor, ref_logps: torch.Tensor, old_logps: torch.Tensor | None = None, bias_correction: bool = False
+) -> torch.Tensor:
+    """:func:`k3_kl`, with ``bias_correction`` weighted by ``π_θ/π_old`` with gradient as TRL's
+    ``use_bias_correction_kl`` does (``π_old = π_θ`` detached when ``old_logps`` is ``None``: on-policy)."""
+    kl = k3_kl(logps, ref_logps)
+    if bias_correction:
+        kl = kl * torch.exp(logps - (logps.detach() if old_logps is None else old_logps))
+    return kl
+
+
 def policy_token_terms(
     logps: torch.Tensor,
     advantages: torch.Tensor,

@@ -279,3 +279,24 @@ def check_weights_pass_gradients(model: nn.Module) -> None:
             "model ran in eval mode, and no longer pass gradients: on CPU, train a 4-bit model before evaluating it "
             "with model.eval(), or reload it."
         )
+
+
+def unwrap_peft(model: nn.Module) -> nn.Module:
+    """The model inside a PEFT wrapper (the model itself when there is none)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def uses_peft(model: nn.Module, peft_config=None) -> bool:
+    """Whether training goes through PEFT adapters: a ``peft_config`` to apply, or a model that carries one."""
+    return peft_config is not None or hasattr(model, "peft_config")
+
+
+def prepare_frozen_model(module: nn.Module, accelerator) -> nn.Module:
+    """A frozen model (the KL reference) prepared for the engine that runs: DeepSpeed, FSDP or neither."""
+    from trl.models import prepare_deepspeed, prepare_fsdp  # TRL only where a trainer runs
+
+    if is_deepspeed(accelerator):
+        return prepare_deepspeed(module, accelerator)
+    if is_fsdp(accelerator):
+        return prepare_fsdp(module, accelerator)
+    return accelerator.prepare_model(module, evaluation_mode=True)

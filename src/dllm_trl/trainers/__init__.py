@@ -1,8 +1,19 @@
-"""Thin GRPOTrainer subclasses and their configs."""
+"""Thin GRPOTrainer subclasses (hook glue over a sampler and a loss object) and their configs."""
 
-from .dppo_mask_config import DPPOMaskConfig
-from .dppo_mask_trainer import BehaviourCapture, DPPOMaskTrainer
+from ..generation.behaviour import BehaviourCapture
+from .dppo_mask_config import CausalDPPOMaskConfig, DPPOMaskConfig, TrustRegionArguments
+from .dppo_mask_trainer import CausalDPPOMaskTrainer, DiffusionDPPOMaskTrainer, DPPOMaskTrainer
 from .rldf_config import RLDFConfig
 from .rldf_trainer import RLDFTrainer
 
-__all__ = ["BehaviourCapture", "DPPOMaskConfig", "DPPOMaskTrainer", "RLDFConfig", "RLDFTrainer"]
+__all__ = [
+    "BehaviourCapture",
+    "CausalDPPOMaskConfig",
+    "CausalDPPOMaskTrainer",
+    "DPPOMaskConfig",
+    "DPPOMaskTrainer",
+    "DiffusionDPPOMaskTrainer",
+    "RLDFConfig",
+    "RLDFTrainer",
+    "TrustRegionArguments",
+]

@@ -1,11 +1,18 @@
-"""Configuration of :class:`~dllm_trl.trainers.DPPOMaskTrainer` (SPEC §3, "Predictive Divergence Masks")."""
+"""Configurations of the trust-region trainers (SPEC §3, "Predictive Divergence Masks").
+
+:class:`TrustRegionArguments` holds the mask's fields; :class:`DPPOMaskConfig` adds them to [`RLDFConfig`] (diffusion
+LMs, and the name users know for both kinds), :class:`CausalDPPOMaskConfig` to TRL's [`~trl.GRPOConfig`] (causal LMs:
+no RLDF field).
+"""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 
-from .rldf_config import RLDFConfig
+from trl import GRPOConfig
+
+from .rldf_config import RLDFConfig, check_grpo_fields
 
 MODEL_KINDS = ("auto", "diffusion", "causal")
 DIVERGENCES = ("kl", "tv")
@@ -13,33 +20,21 @@ MASK_DIRECTIONS = ("predictive", "ratio")
 TAIL_ESTIMATORS = ("uniform", "aggregated")
 BEHAVIOUR_SOURCES = ("rollout", "old")
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+_CLIP = "there is no PPO ratio clipping: the divergence mask replaces it (set divergence_threshold, δ)"
+REFUSED_BY_THE_MASK = {
+    "epsilon": _CLIP, "epsilon_high": _CLIP, "delta": _CLIP,
+    "entropy_coef": "the masked policy gradient has no entropy bonus",
+    "use_transformers_continuous_batching": "the behaviour top-K is captured through generate()'s logits processors",
+}
+"""GRPOConfig fields every trust-region config refuses at a non-default value, with the reason."""
 
 
 @dataclass
-class DPPOMaskConfig(RLDFConfig):
+class TrustRegionArguments:
     r"""
-    Configuration class for [`DPPOMaskTrainer`]: the divergence trust-region mask of SPEC §3 on top of
-    [`RLDFConfig`] (itself a [`~trl.GRPOConfig`]).
-
-    The loss is the masked, truncated-importance-weighted policy gradient
-    `−Σ M · min(π_θ(a)/μ(a), C) · A · log π_θ(a)` (+ `beta` · k3-KL to the reference): a token is dropped (`M = 0`)
-    when its divergence `D(μ‖π_θ)` exceeds the threshold AND the update would push it further out. There is no
-    PPO clipping, so `epsilon` / `epsilon_high` / `delta` are refused.
-
-    The model kind decides how the behaviour distribution `μ` is obtained:
-
-    * causal LMs (the paper's setting): `μ` is the distribution each token was actually sampled from (after
-      temperature / top-k / top-p), its top-`divergence_top_k` captured during TRL's own generation. The loss is
-      aggregated with TRL's `loss_type` (`grpo`, `bnpo`, `dr_grpo`, `dapo`). The RLDF fields are not used.
-    * masked diffusion LMs: RLDF rollouts, sampled states and clean targets (see [`RLDFConfig`]); `μ` comes from
-      the rollout record for tokens committed at the sampled step and from `π_old(· | q, o_t)` elsewhere
-      (`behaviour_source`), aggregated with `loss_normalization` like RLDF.
+    The trust-region mask's fields, shared by [`DPPOMaskConfig`] and [`CausalDPPOMaskConfig`].
 
     Parameters:
-        model_kind (`str`, *optional*, defaults to `"auto"`):
-            `"auto"` detects the kind from the model (a diffusion LM carries `config.mask_token_id` and the
-            diffusion properties set by `dllm_trl.models.set_diffusion_properties`), `"diffusion"` or `"causal"`
-            force it.
         divergence (`str`, *optional*, defaults to `"kl"`):
             Divergence of the proximity test: `"kl"` (top-K KL(μ‖π), paper Eq. 5) or `"tv"` (top-K total variation).
         divergence_top_k (`int`, *optional*, defaults to `20`):
@@ -63,18 +58,10 @@ class DPPOMaskConfig(RLDFConfig):
         is_cap (`float` or `None`, *optional*, defaults to `20.0`):
             `C`: truncation of the importance weight `w = min(π_θ(a)/μ(a), C)` (no gradient through `w`). `None`
             disables the truncation.
-        behaviour_source (`str`, *optional*, defaults to `"rollout"`):
-            Diffusion LMs only (SPEC §3.3). `"rollout"`: tokens committed at the sampled step take `μ` from the
-            rollout record (the distribution the sampler drew them from, KV-cache approximation included), the
-            other targets from `π_old(· | q, o_t)`. `"old"`: every target takes `μ` from `π_old`.
         use_bias_correction_kl (`bool`, *optional*, defaults to `True`):
             TRL's importance correction of the KL term (k3 weighted by `π_θ/π_old`, with gradient), as in TRL.
-        block_length (`int` or `None`, *optional*, defaults to `None`):
-            Diffusion block size (see [`RLDFConfig`]). `None` picks 32 when it divides `max_completion_length`,
-            else a single block (causal LMs do not use it).
     """
 
-    model_kind: str = field(default="auto", metadata={"help": "'auto' (detect), 'diffusion' or 'causal'."})
     divergence: str = field(default="kl", metadata={"help": "Divergence of the proximity test: 'kl' or 'tv'."})
     divergence_top_k: int = field(
         default=20, metadata={"help": "K: behaviour top-K kept per token (0 = binary view S = {a})."}
@@ -98,42 +85,18 @@ class DPPOMaskConfig(RLDFConfig):
     is_cap: float | None = field(
         default=20.0, metadata={"help": "C: importance weights are truncated at C (None = no truncation)."}
     )
-    behaviour_source: str = field(
-        default="rollout",
-        metadata={"help": "Diffusion LMs: μ of tokens committed at the sampled step from the 'rollout' or 'old'."},
-    )
-    block_length: int | None = field(
-        default=None,
-        metadata={"help": "Diffusion block size; None = 32 when it divides max_completion_length, else one block."},
-    )
-
     use_bias_correction_kl: bool = field(
         default=True, metadata={"help": "Weight the k3 KL by π_θ/π_old with gradient (TRL's default correction)."}
     )
 
-    @classmethod
-    def refused_grpo_fields(cls) -> dict[str, str]:
-        """RLDFConfig's list, with TRL's ``loss_type`` honoured (causal LMs; restricted to :data:`LOSS_TYPES`) and the
-        ratio clipping and entropy terms refused: the divergence mask replaces clipping."""
-        refused = super().refused_grpo_fields()
-        del refused["loss_type"]
-        clip = "there is no PPO ratio clipping: the divergence mask replaces it (set divergence_threshold, δ)"
-        refused.update(
-            epsilon=clip, epsilon_high=clip, delta=clip,
-            entropy_coef="the masked policy gradient has no entropy bonus",
-            use_transformers_continuous_batching="the behaviour top-K is captured through generate()'s logits "
-            "processors",
-        )
-        return refused
 
     @property
     def mask_rule(self) -> str:
         """The rule name of :func:`~dllm_trl.losses.divergence_masks.trust_region_mask`."""
         return "predictive" if self.mask_direction == "predictive" else "dppo"
 
-    def __post_init__(self):
-        if self.model_kind not in MODEL_KINDS:
-            raise ValueError(f"model_kind={self.model_kind!r}: expected one of {MODEL_KINDS}.")
+    def check_trust_region(self) -> None:
+        """Refuse values the mask cannot use, naming the field."""
         if self.divergence not in DIVERGENCES:
             raise ValueError(f"divergence={self.divergence!r}: expected one of {DIVERGENCES}.")
         if not isinstance(self.divergence_top_k, int) or self.divergence_top_k < 0:
@@ -150,19 +113,100 @@ class DPPOMaskConfig(RLDFConfig):
             raise ValueError(f"tail_estimator={self.tail_estimator!r}: expected one of {TAIL_ESTIMATORS}.")
         if self.is_cap is not None and (math.isnan(self.is_cap) or self.is_cap <= 0):
             raise ValueError(f"is_cap={self.is_cap!r} must be > 0 (or None for no truncation).")
-        if self.behaviour_source not in BEHAVIOUR_SOURCES:
-            raise ValueError(f"behaviour_source={self.behaviour_source!r}: expected one of {BEHAVIOUR_SOURCES}.")
         if self.loss_type not in LOSS_TYPES:
             raise ValueError(
                 f"loss_type={self.loss_type!r}: the masked policy gradient aggregates with one of {LOSS_TYPES}."
             )
+
+
+@dataclass
+class CausalDPPOMaskConfig(TrustRegionArguments, GRPOConfig):
+    r"""
+    Configuration class for [`CausalDPPOMaskTrainer`]: TRL's [`~trl.GRPOConfig`] plus the trust-region mask's fields
+    ([`TrustRegionArguments`]) — the paper's own setting, a causal LM that samples through ``generate()``.
+
+    `μ` is the distribution each token was actually sampled from (after temperature / top-k / top-p), its
+    top-`divergence_top_k` captured during TRL's own generation. The terms are aggregated with TRL's `loss_type`
+    (`grpo`, `bnpo`, `dr_grpo`, `dapo`). There is no PPO clipping, so `epsilon` / `epsilon_high` / `delta` are
+    refused.
+    """
+
+    loss_type: str = field(default="dapo", metadata={"help": f"Aggregation of the per-token terms: one of {LOSS_TYPES}."})
+    use_vllm: bool = field(
+        default=False, metadata={"help": "Must stay False: the behaviour top-K is captured through generate()."}
+    )
+
+    @classmethod
+    def refused_grpo_fields(cls) -> dict[str, str]:
+        refused = dict(REFUSED_BY_THE_MASK)
+        refused["use_vllm"] = "the behaviour top-K is captured through transformers' generate()"
+        return refused
+
+    def __post_init__(self):
+        self.check_trust_region()
+        check_grpo_fields(self, self.refused_grpo_fields())
+        super().__post_init__()
+
+
+@dataclass
+class DPPOMaskConfig(TrustRegionArguments, RLDFConfig):
+    r"""
+    Configuration class for [`DPPOMaskTrainer`]: the divergence trust-region mask of SPEC §3
+    ([`TrustRegionArguments`]) on top of [`RLDFConfig`] (itself a [`~trl.GRPOConfig`]).
+
+    The loss is the masked, truncated-importance-weighted policy gradient
+    `−Σ M · min(π_θ(a)/μ(a), C) · A · log π_θ(a)` (+ `beta` · k3-KL to the reference): a token is dropped (`M = 0`)
+    when its divergence `D(μ‖π_θ)` exceeds the threshold AND the update would push it further out. There is no
+    PPO clipping, so `epsilon` / `epsilon_high` / `delta` are refused.
+
+    On a masked diffusion LM ([`DiffusionDPPOMaskTrainer`]): RLDF rollouts, sampled states and clean targets (see
+    [`RLDFConfig`]); `μ` comes from the rollout record for tokens committed at the sampled step and from
+    `π_old(· | q, o_t)` elsewhere (`behaviour_source`), aggregated with `loss_normalization` like RLDF. With
+    `model_kind="causal"` [`DPPOMaskTrainer`] trains a causal LM ([`CausalDPPOMaskTrainer`]), which reads only the
+    GRPO and trust-region fields of this config: for a causal LM prefer [`CausalDPPOMaskConfig`], which has no RLDF
+    field.
+
+    Parameters:
+        model_kind (`str`, *optional*, defaults to `"auto"`):
+            `"auto"` detects the kind from the model (a diffusion LM carries `config.mask_token_id` and the
+            diffusion properties set by `dllm_trl.models.set_diffusion_properties`), `"diffusion"` or `"causal"`
+            force it.
+        behaviour_source (`str`, *optional*, defaults to `"rollout"`):
+            Diffusion LMs only (SPEC §3.3). `"rollout"`: tokens committed at the sampled step take `μ` from the
+            rollout record (the distribution the sampler drew them from, KV-cache approximation included), the
+            other targets from `π_old(· | q, o_t)`. `"old"`: every target takes `μ` from `π_old`.
+        block_length (`int` or `None`, *optional*, defaults to `None`):
+            Diffusion block size (see [`RLDFConfig`]). `None` picks 32 when it divides `max_completion_length`,
+            else a single block (causal LMs do not use it).
+    """
+
+    model_kind: str = field(default="auto", metadata={"help": "'auto' (detect), 'diffusion' or 'causal'."})
+    behaviour_source: str = field(
+        default="rollout",
+        metadata={"help": "Diffusion LMs: μ of tokens committed at the sampled step from the 'rollout' or 'old'."},
+    )
+    block_length: int | None = field(
+        default=None,
+        metadata={"help": "Diffusion block size; None = 32 when it divides max_completion_length, else one block."},
+    )
+
+
+    @classmethod
+    def refused_grpo_fields(cls) -> dict[str, str]:
+        """RLDFConfig's list, with TRL's ``loss_type`` honoured (causal LMs; restricted to :data:`LOSS_TYPES`) and the
+        ratio clipping and entropy terms refused: the divergence mask replaces clipping."""
+        refused = super().refused_grpo_fields()
+        del refused["loss_type"]
+        refused.update(REFUSED_BY_THE_MASK)
+        return refused
+
+    def __post_init__(self):
+        if self.model_kind not in MODEL_KINDS:
+            raise ValueError(f"model_kind={self.model_kind!r}: expected one of {MODEL_KINDS}.")
+        self.check_trust_region()
+        if self.behaviour_source not in BEHAVIOUR_SOURCES:
+            raise ValueError(f"behaviour_source={self.behaviour_source!r}: expected one of {BEHAVIOUR_SOURCES}.")
         if self.block_length is None:
             length = self.max_completion_length
             self.block_length = 32 if length and length % 32 == 0 else length
         super().__post_init__()
-
-    def diffusion_generation_config(self, seed: int | None = None):
-        """RLDF's sampler settings, recording the behaviour top-K of every committed token (at least 1)."""
-        config = super().diffusion_generation_config(seed)
-        config.record_topk = max(self.divergence_top_k, 1)
-        return config

@@ -228,26 +228,7 @@ class RLDFConfig(GRPOConfig):
             )
         if self.backward_mode not in BACKWARD_MODES:
             raise ValueError(f"backward_mode={self.backward_mode!r}: expected one of {BACKWARD_MODES}.")
-        check_launch_environment(self.use_cpu)
-        defaults = {f.name: f for f in dataclasses.fields(GRPOConfig)}
-        for name, reason in self.refused_grpo_fields().items():
-            default = defaults[name].default
-            if default is dataclasses.MISSING:
-                default = defaults[name].default_factory()
-            if getattr(self, name) != default:
-                raise ValueError(
-                    f"{name}={getattr(self, name)!r} is not supported by {type(self).__name__}: {reason}. Leave it at "
-                    f"TRL's default ({default!r})."
-                )
-        if self.dataloader_pin_memory and not torch.accelerator.is_available():
-            self.dataloader_pin_memory = False  # nothing to pin for; the DataLoader would warn on every run
-        # Newer transformers renamed gradient_checkpointing* to activation_checkpointing* and warn whenever the old
-        # name is set — which GRPOConfig's own default (True) always does. Pass the value under the new name.
-        for old_name, new_name in (("gradient_checkpointing", "activation_checkpointing"),
-                                   ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs")):
-            if hasattr(self, new_name) and getattr(self, new_name) is None and getattr(self, old_name) is not None:
-                setattr(self, new_name, getattr(self, old_name))
-                setattr(self, old_name, None)
+        check_grpo_fields(self, self.refused_grpo_fields())
         super().__post_init__()
         # Validate the sampler settings now rather than at the first rollout, naming this config's fields.
         try:
@@ -279,3 +260,29 @@ class RLDFConfig(GRPOConfig):
             cache=self.cache_mode,
             seed=seed,
         )
+
+
+def check_grpo_fields(config, refused: dict[str, str]) -> None:
+    """What every config of the package does before ``GRPOConfig.__post_init__``: check the launch, refuse the
+    GRPOConfig fields in ``refused`` (name -> reason) at a non-default value, and pass settings under the names the
+    installed transformers expects."""
+    check_launch_environment(config.use_cpu)
+    defaults = {f.name: f for f in dataclasses.fields(GRPOConfig)}
+    for name, reason in refused.items():
+        default = defaults[name].default
+        if default is dataclasses.MISSING:
+            default = defaults[name].default_factory()
+        if getattr(config, name) != default:
+            raise ValueError(
+                f"{name}={getattr(config, name)!r} is not supported by {type(config).__name__}: {reason}. Leave it at "
+                f"TRL's default ({default!r})."
+            )
+    if config.dataloader_pin_memory and not torch.accelerator.is_available():
+        config.dataloader_pin_memory = False  # nothing to pin for; the DataLoader would warn on every run
+    # Newer transformers renamed gradient_checkpointing* to activation_checkpointing* and warn whenever the old
+    # name is set — which GRPOConfig's own default (True) always does. Pass the value under the new name.
+    for old_name, new_name in (("gradient_checkpointing", "activation_checkpointing"),
+                               ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs")):
+        if hasattr(config, new_name) and getattr(config, new_name) is None and getattr(config, old_name) is not None:
+            setattr(config, new_name, getattr(config, old_name))
+            setattr(config, old_name, None)
