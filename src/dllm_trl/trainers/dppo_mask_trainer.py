@@ -12,8 +12,6 @@
 
 from __future__ import annotations
 
-from functools import partial
-
 import torch
 from trl import GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head, create_model_from_path
@@ -149,10 +147,8 @@ class CausalDPPOMaskTrainer(GRPOTrainer):
         vocab_size = model_vocab_size(model)
         _check_top_k(args, vocab_size)
         self.loss = CausalTrustRegionLoss(args, vocab_size, args.temperature)
-        reference = init_with_reference(
-            self, partial(GRPOTrainer.__init__, self), model, args, load=create_model_from_path,
-            reward_funcs=reward_funcs, **kwargs,
-        )
+        reference = init_with_reference(self, super().__init__, model, args, load=create_model_from_path,
+                                        reward_funcs=reward_funcs, **kwargs)
         if reference is not None:
             add_fused_lm_head(reference, temperature=self.temperature, cast_lm_head_to_fp32=args.cast_lm_head_to_fp32)
             self.ref_model = prepare_reference(reference, self.accelerator, self.args.disable_dropout)
@@ -211,7 +207,14 @@ class CausalDPPOMaskTrainer(GRPOTrainer):
         return loss
 
 
-class DPPOMaskTrainer:
+class _EitherKind(type):
+    """``isinstance(trainer, DPPOMaskTrainer)`` holds for the trainer of either kind it builds."""
+
+    def __instancecheck__(cls, instance) -> bool:
+        return isinstance(instance, (DiffusionDPPOMaskTrainer, CausalDPPOMaskTrainer))
+
+
+class DPPOMaskTrainer(metaclass=_EitherKind):
     """GRPO-style trainer with the (predictive) divergence trust-region mask of SPEC §3, for either model kind.
 
     Args mirror [`~trl.GRPOTrainer`]. ``model`` is a causal LM or a diffusion LM (see
