@@ -470,9 +470,9 @@ def dppo_mask(
     delta_low: float | torch.Tensor | None = None,
     delta_high: float | torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """DPPO keep-mask: drop iff ``D > δ`` AND ``A·(r − 1) > 0``."""
-    prox = divergence_proximity(div, advantages, delta, delta_low, delta_high)
-    return ~(prox & ratio_direction(log_ratio, advantages))
+    """DPPO keep-mask: drop iff ``D > δ`` AND ``A·(r − 1) > 0``: the predictive mask with the ratio's direction
+    ``sign(log r)`` in place of ``g`` (:func:`ratio_direction`)."""
+    return predictive_mask(div, torch.sign(log_ratio), advantages, delta, delta_low, delta_high)
 
 
 def predictive_mask(
