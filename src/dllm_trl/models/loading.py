@@ -28,6 +28,7 @@ from transformers import (
 from transformers.utils import cached_file
 
 from .bidirectional import set_diffusion_properties
+from .integrity import verify_manifest
 
 # LLaDA (OLMo-derived) weight names -> Llama names. Regex patterns, mutually exclusive.
 LLADA_KEY_MAPPING = {
@@ -200,6 +201,7 @@ def load_diffusion_model(
     logit_shift: bool | None = None,
     sampling: str | None = None,
     block_size: int | None = None,
+    verify_checksums: bool = True,
     **from_pretrained_kwargs,
 ):
     """Load a masked-diffusion LM as a plain transformers model (bidirectional, or block-causal for block diffusion).
@@ -215,9 +217,12 @@ def load_diffusion_model(
       checkpoint saved by this function, whose block size, if any, is on its config too; ``block_size`` makes any
       checkpoint block-causal).
 
-    ``logit_shift`` / ``sampling`` override the family defaults. Other keyword arguments go to
-    ``from_pretrained``.
+    ``logit_shift`` / ``sampling`` override the family defaults. A local folder saved by this package's trainers
+    carries a checksum manifest: its files are verified before loading (``verify_checksums=False`` skips it). Other
+    keyword arguments go to ``from_pretrained``.
     """
+    if verify_checksums and os.path.isdir(name_or_path):
+        verify_manifest(name_or_path, " Save the model again, or load it with verify_checksums=False to skip the check.")
     hub_kwargs = {k: from_pretrained_kwargs[k] for k in ("revision", "token", "cache_dir") if k in from_pretrained_kwargs}
     raw = read_raw_config(name_or_path, **hub_kwargs)
     family = checkpoint_family(raw)

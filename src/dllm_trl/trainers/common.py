@@ -1,13 +1,17 @@
 """What every trainer of the package does the same way at its hooks: the KL reference, up-front input checks,
-quieting TRL's use of transformers' old checkpointing names, and logging summed metrics."""
+quieting TRL's use of transformers' old checkpointing names, logging summed metrics, and safe checkpoints and
+rewards (:class:`SafeRunMixin`)."""
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import os
+import shutil
 import warnings
 
 import torch
+from transformers.trainer_utils import rotate_checkpoints
 from trl.trainer.utils import disable_dropout_in_model
 
 from ..models.bidirectional import diffusion_block_size
@@ -18,6 +22,14 @@ from ..models.engines import (
     prepare_frozen_model,
     unwrap_model,
     uses_peft,
+)
+from ..models.integrity import (
+    MODEL_FILES,
+    CheckpointError,
+    check_readable,
+    checkpoints,
+    verify_manifest,
+    write_manifest,
 )
 from ..models.loading import load_diffusion_model
 
@@ -61,6 +73,14 @@ def check_training_inputs(model, train_dataset, tokenizer) -> None:
                 f"train_dataset has no 'prompt' column (it has {columns}): rename the column that holds the prompts, "
                 "e.g. dataset.rename_column('question', 'prompt'), or load it with dllm_trl.data.load_task_dataset."
             )
+        if columns is not None:
+            empty = [row for row, prompt in enumerate(train_dataset["prompt"]) if not _prompt_text(prompt).strip()]
+            if empty:
+                raise ValueError(
+                    f"train_dataset has {len(empty)} empty or whitespace-only prompt(s), first at row {empty[0]}: a "
+                    "completion of nothing teaches nothing and breaks the rollout. Remove them, e.g. "
+                    "dataset.filter(lambda row: row['prompt'].strip()) for text prompts."
+                )
     tokenizer_mask = getattr(tokenizer, "mask_token_id", None)
     model_mask = getattr(getattr(model, "config", None), "mask_token_id", None)
     if tokenizer_mask is not None and model_mask is not None and tokenizer_mask != model_mask:
@@ -69,6 +89,16 @@ def check_training_inputs(model, train_dataset, tokenizer) -> None:
             "the model would be trained on a token it was never pre-trained to fill. Pass the checkpoint's tokenizer, or "
             "load the model with load_diffusion_model(..., mask_token_id=...)."
         )
+
+
+def _prompt_text(prompt) -> str:
+    """The text of a prompt: a string, or the contents of a conversation's messages."""
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, (list, tuple)):
+        return "".join(_prompt_text(m.get("content", m.get("text", ""))) if isinstance(m, dict) else _prompt_text(m)
+                       for m in prompt)
+    return str(prompt) if prompt is not None else ""
 
 
 def refuse_unsupported_kwargs(trainer_name: str, kwargs: dict) -> None:
@@ -137,3 +167,124 @@ def log_metric_sums(trainer, mode: str, sums: dict) -> None:
         if skip_when_empty and denominator.item() <= 0:
             continue
         trainer._metrics[mode][name].append((numerator / denominator.clamp_min(1)).item())
+
+
+class SafeRunMixin:
+    """Mixed in before ``GRPOTrainer`` by every trainer of the package: nothing lost, nothing wrongly credited.
+
+    * checkpoints are written to a ``.partial`` staging folder, checksummed (``args.verify_checkpoints``) and renamed
+      into place, so a process killed during a save never leaves a ``checkpoint-N`` that resume would pick up;
+    * ``train(resume_from_checkpoint=...)`` takes a path or ``True`` (the newest checkpoint of ``output_dir``) and
+      verifies the checkpoint before loading anything, naming the bad file and the previous checkpoint;
+    * rewards a function could not give (``None`` or NaN) are counted per function
+      (``rewards/<name>/unscorable_frac``), warned about once, or refused (``args.raise_on_unscorable_rewards``).
+    """
+
+    def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
+        if resume_from_checkpoint is True or str(resume_from_checkpoint).lower() == "true":
+            found = checkpoints(self.args.output_dir)
+            if not found:
+                raise ValueError(f"resume_from_checkpoint=True: {self.args.output_dir} holds no checkpoint-N folder to "
+                                 "resume from; train without it, or pass a checkpoint path.")
+            resume_from_checkpoint = found[-1]
+        elif str(resume_from_checkpoint).lower() in ("false", "none", ""):
+            resume_from_checkpoint = None
+        if resume_from_checkpoint is not None:
+            verify_checkpoint(resume_from_checkpoint, self.args.verify_checkpoints)
+        return super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial,
+                             ignore_keys_for_eval=ignore_keys_for_eval, **kwargs)
+
+    def _save_checkpoint(self, model, trial):
+        run_dir = self._get_output_dir(trial=trial)
+        staging_run = os.path.join(run_dir, STAGING_DIR)
+        name = f"checkpoint-{self.state.global_step}"
+        staged, final = os.path.join(staging_run, name), os.path.join(run_dir, name)
+        if self.args.should_save and os.path.isdir(staged):  # left by a save that was killed
+            shutil.rmtree(staged)
+        self.accelerator.wait_for_everyone()
+        self._get_output_dir = lambda trial=None: staging_run  # everything of this save goes to the staging folder
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            del self._get_output_dir
+        self.accelerator.wait_for_everyone()
+        if self.args.should_save:
+            if self.args.verify_checkpoints:
+                write_manifest(staged)
+            if os.path.isdir(final):
+                shutil.rmtree(final)
+            os.replace(staged, final)
+            with contextlib.suppress(OSError):
+                os.rmdir(staging_run)
+            best = self.state.best_model_checkpoint
+            if best is not None and os.path.dirname(best) == staging_run:
+                self.state.best_model_checkpoint = os.path.join(run_dir, os.path.basename(best))
+            rotate_checkpoints(output_dir=run_dir, save_total_limit=self.args.save_total_limit,
+                               best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
+        self.accelerator.wait_for_everyone()
+
+    def save_model(self, output_dir=None, _internal_call=False):
+        super().save_model(output_dir, _internal_call=_internal_call)
+        if not _internal_call and self.args.should_save and self.args.verify_checkpoints:
+            write_manifest(output_dir or self.args.output_dir, only=MODEL_FILES)
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._gathered_rewards = rewards  # (every process's completions, reward functions)
+        mode = "train" if self.model.training else "eval"
+        unscorable = torch.isnan(rewards).float().mean(0).tolist()
+        for name, fraction in zip(self.reward_func_names, unscorable):
+            self._metrics[mode][f"rewards/{name}/unscorable_frac"].append(fraction)
+            if fraction == 0:
+                continue
+            message = (f"The reward function {name!r} returned None or NaN for {fraction:.0%} of the completions: "
+                       "they get no advantage from it (TRL's rule).")
+            if self.args.raise_on_unscorable_rewards:
+                raise ValueError(f"{message} raise_on_unscorable_rewards=True makes this an error; make the function "
+                                 "return a number for every completion, or set it to False.")
+            warn_once(self, name, message + " Logged as rewards/<name>/unscorable_frac; set "
+                      "raise_on_unscorable_rewards=True to stop instead.")
+        return rewards
+
+
+STAGING_DIR = ".partial"
+"""Subfolder of ``output_dir`` where a checkpoint is written before it is renamed into place."""
+
+
+def warn_once(trainer, key, message: str) -> None:
+    """A warning once per trainer and ``key``."""
+    seen = trainer.__dict__.setdefault("_warned", set())
+    if key not in seen:
+        seen.add(key)
+        warnings.warn(message, stacklevel=3)
+
+
+def verify_checkpoint(path: str, with_manifest: bool = True) -> None:
+    """Refuse a checkpoint folder that cannot be resumed from, naming the file and the previous good checkpoint."""
+    run_dir = os.path.dirname(os.path.abspath(path))
+    earlier = [c for c in checkpoints(run_dir) if _step(c) < _step(path)]
+
+    def advice() -> str:
+        for candidate in reversed(earlier):
+            try:
+                if with_manifest and verify_manifest(candidate) or not with_manifest:
+                    return (f" The previous good checkpoint is {candidate}: resume from it "
+                            f"(--resume_from_checkpoint {candidate}).")
+            except CheckpointError:
+                continue
+        return f" There is no earlier good checkpoint in {run_dir}: train from the start."
+
+    if not os.path.isdir(path):
+        raise CheckpointError(f"{path}: no such checkpoint folder.")
+    if not os.listdir(path):
+        raise CheckpointError(f"{path}: empty (a save was interrupted).{advice()}")
+    try:
+        if not (with_manifest and verify_manifest(path)):
+            check_readable(path)
+    except CheckpointError as error:
+        raise CheckpointError(f"{error}{advice()}") from None
+
+
+def _step(path: str) -> int:
+    tail = os.path.basename(os.path.normpath(path)).rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else 1 << 62

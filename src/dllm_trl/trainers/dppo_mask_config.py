@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
-from .rldf_config import RLDFConfig, check_grpo_fields
+from .rldf_config import RLDFConfig, SafeRunArguments, check_grpo_fields
 
 MODEL_KINDS = ("auto", "diffusion", "causal")
 DIVERGENCES = ("kl", "tv")
@@ -120,7 +120,7 @@ class TrustRegionArguments:
 
 
 @dataclass
-class CausalDPPOMaskConfig(TrustRegionArguments, GRPOConfig):
+class CausalDPPOMaskConfig(TrustRegionArguments, SafeRunArguments, GRPOConfig):
     r"""
     Configuration class for [`CausalDPPOMaskTrainer`]: TRL's [`~trl.GRPOConfig`] plus the trust-region mask's fields
     ([`TrustRegionArguments`]) — the paper's own setting, a causal LM that samples through ``generate()``.
@@ -128,7 +128,13 @@ class CausalDPPOMaskConfig(TrustRegionArguments, GRPOConfig):
     `μ` is the distribution each token was actually sampled from (after temperature / top-k / top-p), its
     top-`divergence_top_k` captured during TRL's own generation. The terms are aggregated with TRL's `loss_type`
     (`grpo`, `bnpo`, `dr_grpo`, `dapo`). There is no PPO clipping, so `epsilon` / `epsilon_high` / `delta` are
-    refused.
+    refused. Checkpoint and reward checks: [`SafeRunArguments`] (`verify_checkpoints`, `raise_on_unscorable_rewards`).
+
+    Parameters:
+        loss_type (`str`, *optional*, defaults to `"dapo"`):
+            Aggregation of the per-token terms: TRL's `grpo`, `bnpo`, `dr_grpo` or `dapo`.
+        use_vllm (`bool`, *optional*, defaults to `False`):
+            Must stay `False`: the behaviour top-K is captured through transformers' `generate()`.
     """
 
     loss_type: str = field(default="dapo", metadata={"help": f"Aggregation of the per-token terms: one of {LOSS_TYPES}."})

@@ -28,6 +28,7 @@ from .common import (
     old_checkpointing_names_quiet,
     prepare_reference,
     refuse_unsupported_kwargs,
+    SafeRunMixin,
 )
 from .dppo_mask_config import CausalDPPOMaskConfig, DPPOMaskConfig
 from .rldf_trainer import RLDFTrainer
@@ -117,7 +118,7 @@ class DiffusionDPPOMaskTrainer(RLDFTrainer):
         return output
 
 
-class CausalDPPOMaskTrainer(GRPOTrainer):
+class CausalDPPOMaskTrainer(SafeRunMixin, GRPOTrainer):
     """GRPO with the (predictive) divergence trust-region mask for causal LMs, the paper's setting.
 
     Args mirror [`~trl.GRPOTrainer`]; ``args`` is a [`CausalDPPOMaskConfig`] (a [`DPPOMaskConfig`] is read for its

@@ -73,7 +73,31 @@ _SAMPLER_NAMES = {"gen_length": "max_completion_length", "threshold": "unmasking
 
 
 @dataclass
-class RLDFConfig(GRPOConfig):
+class SafeRunArguments:
+    r"""
+    Checkpoint integrity and reward checks shared by every config of the package.
+
+    Parameters:
+        verify_checkpoints (`bool`, *optional*, defaults to `True`):
+            Write a checksum manifest (size and SHA-256 of every file) with each checkpoint and with `save_model`, and
+            verify it on `train(resume_from_checkpoint=...)` (and in `load_diffusion_model`), so that a truncated or
+            corrupted file stops the run with an error naming it. `False` skips writing and checking the manifest.
+        raise_on_unscorable_rewards (`bool`, *optional*, defaults to `False`):
+            A reward function that returns `None` or NaN for a completion gives it no advantage (TRL's rule); the
+            fraction is logged as `rewards/<name>/unscorable_frac` and warned about once. `True` stops the run
+            instead.
+    """
+
+    verify_checkpoints: bool = field(
+        default=True, metadata={"help": "Checksum manifest written with each save and verified on resume / load."}
+    )
+    raise_on_unscorable_rewards: bool = field(
+        default=False, metadata={"help": "Stop when a reward function returns None or NaN (default: log and warn)."}
+    )
+
+
+@dataclass
+class RLDFConfig(SafeRunArguments, GRPOConfig):
     r"""
     Configuration class for [`RLDFTrainer`]: everything of [`~trl.GRPOConfig`] plus what RLDF needs.
 
@@ -132,6 +156,11 @@ class RLDFConfig(GRPOConfig):
             (no_sync), so their gradient traffic is that of one backward; DeepSpeed ZeRO-2/3 reduce gradients in
             every backward, so there per-step costs k times the traffic. `"auto"`: `"per_micro_batch"` under
             DeepSpeed ZeRO-2/3 with several processes, `"per_step"` otherwise. Both give the same gradients.
+        verify_checkpoints (`bool`, *optional*, defaults to `True`):
+            Checksum manifest written with each checkpoint and `save_model`, verified on resume (see
+            [`SafeRunArguments`]).
+        raise_on_unscorable_rewards (`bool`, *optional*, defaults to `False`):
+            Stop when a reward function returns `None` or NaN (default: log the fraction and warn once).
     """
 
     block_length: int = field(default=32, metadata={"help": "Block size of block-wise diffusion decoding."})

@@ -45,6 +45,7 @@ from .common import (
     log_metric_sums,
     old_checkpointing_names_quiet,
     prepare_reference,
+    SafeRunMixin,
     refuse_unsupported_kwargs,
 )
 from .rldf_config import RLDFConfig
@@ -53,7 +54,7 @@ MASK_SEED_OFFSET = 7919
 """The generator of the rows' ``mask_seed`` is seeded ``args.seed + MASK_SEED_OFFSET`` (+ a per-process offset)."""
 
 
-class RLDFTrainer(GRPOTrainer):
+class RLDFTrainer(SafeRunMixin, GRPOTrainer):
     """GRPO-style trainer for masked diffusion LMs with the RLDF policy loss.
 
     Args mirror [`~trl.GRPOTrainer`]; ``model`` is a diffusion LM object (see [`~dllm_trl.load_diffusion_model`]) or a
@@ -195,11 +196,6 @@ class RLDFTrainer(GRPOTrainer):
         counted = output["target_weight"] if "target_weight" in output else output["target_mask"]
         output["num_target_tokens"] = self.accelerator.gather(counted.sum()).sum()
         return output
-
-    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        self._gathered_rewards = rewards  # (every process's completions, reward functions): see _zero_variance_rows
-        return rewards
 
     def _zero_variance_rows(self) -> torch.Tensor:
         """(all processes' rows,) bool: the rows of groups whose rewards do not vary (:func:`zero_variance_rows`)."""
