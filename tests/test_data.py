@@ -205,3 +205,16 @@ def test_math_row_without_any_answer_is_an_error():
     raw = Dataset.from_list([{"problem": "What is 1+1?", "solution": "It is two."}])
     with pytest.raises(ValueError, match="without an answer"):
         prepare_dataset(raw)
+
+
+def test_an_undetectable_layout_lists_the_layouts_and_the_flag(tmp_path):
+    """A q/a file matches no layout: the error says so, lists what each layout needs and names --dataset_layout,
+    instead of claiming it is one layout that lacks a column."""
+    path = tmp_path / "qa.jsonl"
+    path.write_text('{"q": "1+1", "a": "2"}\n')
+    with pytest.raises(MissingColumnError) as error:
+        load_task_dataset(str(path))
+    message = str(error.value)
+    assert "No dataset layout matches the columns ['q', 'a']" in message and "--dataset_layout" in message
+    assert "gsm8k: question + answer" in message and "mbpp: text/prompt + test_list" in message
+    assert "The mbpp layout needs" not in message

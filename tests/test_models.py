@@ -633,3 +633,9 @@ def test_bf16_runs(checkpoints, family, impl):
     changed = ids.clone()
     changed[:, -1] = (changed[:, -1] + 1) % 80
     assert (_logits(model, changed, mask)[:, 3].float() - out[:, 3].float()).abs().max() > 0
+
+
+@pytest.mark.parametrize("name", ["./no-such-model", "outputs/runs/none", "/tmp/definitely/not/here"])
+def test_a_missing_local_folder_is_named_not_read_as_a_hub_id(name):
+    with pytest.raises(FileNotFoundError, match=f"{name!r}: no such folder"):
+        load_diffusion_model(name)

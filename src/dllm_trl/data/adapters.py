@@ -125,15 +125,33 @@ DATASET_FORMATS: dict[str, DatasetFormat] = {
 """Known layouts, in the order :func:`detect_format` tries them (most specific first)."""
 
 
+class LayoutNotDetectedError(MissingColumnError):
+    """No known layout has all its columns in the dataset; the message lists every layout's columns and the way to
+    choose one."""
+
+    def __init__(self, columns: list[str]):
+        closest = min(DATASET_FORMATS.values(), key=lambda f: len(f.missing(columns)))
+        ValueError.__init__(self)
+        self.layout, self.column, self.available = None, closest.missing(columns)[0][0], list(columns)
+        layouts = "; ".join(f"{f.name}: {' + '.join('/'.join(names) for names in f.required)}"
+                            for f in DATASET_FORMATS.values())
+        near = [f"{f.name} (lacks {f.missing(columns)[0][0]!r})" for f in DATASET_FORMATS.values()
+                if len(f.missing(columns)) == 1]
+        near = f" One column away: {', '.join(near)}." if near else ""
+        self.args = (
+            f"No dataset layout matches the columns {self.available}.{near} The layouts and the columns they need: "
+            f"{layouts}. Rename the columns (Dataset.rename_column) to one of these, or choose the layout: "
+            f"load_task_dataset(..., layout=...) in Python, --dataset_layout in the scripts.",
+        )
+
+
 def detect_format(columns) -> DatasetFormat:
-    """The first layout whose columns are all present; otherwise the error names the closest layout's
-    missing column."""
+    """The first layout whose columns are all present; otherwise the error lists every layout's columns."""
     columns = list(columns)
     for fmt in DATASET_FORMATS.values():
         if not fmt.missing(columns):
             return fmt
-    closest = min(DATASET_FORMATS.values(), key=lambda f: len(f.missing(columns)))
-    raise MissingColumnError(closest.name, closest.missing(columns)[0], columns)
+    raise LayoutNotDetectedError(columns)
 
 
 def get_format(layout: str | DatasetFormat | None, columns=()) -> DatasetFormat:

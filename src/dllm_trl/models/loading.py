@@ -57,12 +57,22 @@ REMOTE_CODE_KEYS = ("architectures", "auto_map", "model_type", "transformers_ver
 """Keys of the official configs that only their remote code reads (``bd_size``: Fast-dLLM v2's training block)."""
 
 
+def _looks_local(name_or_path: str) -> bool:
+    """A path, not a Hub name (``org/name``): starts like one, or has more than one separator."""
+    return name_or_path.startswith((".", "/", "~", os.sep)) or name_or_path.count("/") > 1 or os.sep in name_or_path
+
+
 def read_raw_config(name_or_path: str, **hub_kwargs) -> dict:
     """The checkpoint's ``config.json`` as a dict (local folder or hub name), without resolving its class."""
     if os.path.isdir(name_or_path):
         path = os.path.join(name_or_path, "config.json")
         if not os.path.isfile(path):
             raise FileNotFoundError(f"{name_or_path!r} has no config.json.")
+    elif _looks_local(name_or_path):
+        raise FileNotFoundError(
+            f"{name_or_path!r}: no such folder (from {os.getcwd()}). Pass an existing model folder, or a Hub name "
+            "such as 'GSAI-ML/LLaDA-8B-Instruct'."
+        )
     else:
         path = cached_file(name_or_path, "config.json", **hub_kwargs)
     with open(path) as f:
