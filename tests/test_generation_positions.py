@@ -24,3 +24,20 @@ def test_warns_past_max_position_embeddings():
     with pytest.warns(UserWarning, match=f"gen_length={2 * positions} exceed the model's max_position_embeddings=64"):
         out = diffusion_generate(model, input_ids, attention_mask, too_long)
     assert out.sequences.shape == (2, input_ids.shape[1] + 2 * positions) and torch.isfinite(out.commit_prob).all()
+    with warnings.catch_warnings(record=True) as again:  # the same run (config): said once, not at every rollout
+        warnings.simplefilter("always")
+        diffusion_generate(model, input_ids, attention_mask, too_long)
+    assert not [w for w in again if "max_position_embeddings" in str(w.message)]
+
+
+def test_importing_the_package_prints_no_known_third_party_noise():
+    """bitsandbytes' missing optional CPU kernel and DeepSpeed's accelerator probe say nothing wrong: not shown."""
+    import subprocess
+    import sys
+
+    code = ("import dllm_trl; from dllm_trl import RLDFTrainer, DPPOMaskTrainer; import deepspeed; "
+            "from deepspeed.accelerator import get_accelerator; get_accelerator()")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True,
+                            env={k: v for k, v in __import__("os").environ.items() if k != "DS_ACCELERATOR"})
+    output = result.stdout + result.stderr
+    assert "gemm_4bit_forward" not in output and "Setting accelerator to CPU" not in output, output

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ._console import quiet_known_noise
 from ._lazy import lazy_exports
+
+quiet_known_noise()
 
 __version__ = "0.1.0.dev0"
 

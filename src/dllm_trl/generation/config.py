@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import asdict, dataclass, field
+
+from .._console import warn_once
 
 CACHE_MODES = ("none", "prefix", "dual")
 UNMASKING_MODES = ("dynamic", "static")
@@ -125,11 +126,11 @@ class DiffusionGenerationConfig:
         """Warn when the canvas (``prompt_length`` columns, padding included, plus ``gen_length``) runs past the
         model's ``max_position_embeddings``: RoPE still computes there, but the model never saw those positions."""
         if max_positions is not None and prompt_length + self.gen_length > max_positions:
-            warnings.warn(
+            warn_once(
+                self, ("max_position_embeddings", max_positions),
                 f"prompt + gen_length={self.gen_length} exceed the model's max_position_embeddings={max_positions}: "
                 "positions past it were never trained and decode poorly. Use a shorter gen_length "
                 "(max_completion_length in the trainers) or shorter prompts.",
-                stacklevel=2,
             )
 
     def to_dict(self) -> dict:

@@ -14,6 +14,7 @@ import torch
 from transformers.trainer_utils import rotate_checkpoints
 from trl.trainer.utils import disable_dropout_in_model
 
+from .._console import warn_once
 from ..models.bidirectional import diffusion_block_size
 from ..models.engines import (
     broadcast_from_main,
@@ -242,21 +243,13 @@ class SafeRunMixin:
             if self.args.raise_on_unscorable_rewards:
                 raise ValueError(f"{message} raise_on_unscorable_rewards=True makes this an error; make the function "
                                  "return a number for every completion, or set it to False.")
-            warn_once(self, name, message + " Logged as rewards/<name>/unscorable_frac; set "
+            warn_once(self, ("unscorable reward", name), message + " Logged as rewards/<name>/unscorable_frac; set "
                       "raise_on_unscorable_rewards=True to stop instead.")
         return rewards
 
 
 STAGING_DIR = ".partial"
 """Subfolder of ``output_dir`` where a checkpoint is written before it is renamed into place."""
-
-
-def warn_once(trainer, key, message: str) -> None:
-    """A warning once per trainer and ``key``."""
-    seen = trainer.__dict__.setdefault("_warned", set())
-    if key not in seen:
-        seen.add(key)
-        warnings.warn(message, stacklevel=3)
 
 
 def verify_checkpoint(path: str, with_manifest: bool = True) -> None:
