@@ -18,11 +18,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..generation import encode_prompts
 from ..models import build_tiny_llada
 from .evaluate import evaluate_accuracy
 from .model import TOY_GEN_LENGTH, TOY_MODEL_SHAPE, toy_generation_config
 from .task import toy_dataset, toy_problems
-from .tokenizer import build_toy_tokenizer, encode_prompts
+from .tokenizer import build_toy_tokenizer
 
 
 @dataclass
