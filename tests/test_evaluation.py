@@ -14,7 +14,6 @@ import torch
 from trl import ModelConfig
 
 from dllm_trl.data import prepare_dataset, sample_dataset
-from dllm_trl.cli import load_model_and_tokenizer
 from dllm_trl.evaluation import (
     EvalTask,
     TaskAccuracy,
@@ -25,6 +24,7 @@ from dllm_trl.evaluation import (
     pass_at_k,
 )
 from dllm_trl.evaluation import reports
+from dllm_trl.models import load_model_and_tokenizer
 from dllm_trl.rewards import code_reward, math_reward
 from dllm_trl.toy import evaluate_accuracy, load_toy, toy_assets_dir, toy_dataset, toy_generation_config, toy_reward
 

@@ -92,10 +92,10 @@ def main(argv=None) -> dict:
     _quiet_third_party_imports()
     import torch
 
-    from .cli import RewardProgressBar, sudoku_rldf_config
+    from .callbacks import RewardProgressBar
     from .toy import evaluate_accuracy, load_sudoku_noisy_teacher, sudoku_cell_reward, sudoku_dataset
     from .toy import sudoku_generation_config
-    from .toy import sudoku_reward
+    from .toy import sudoku_reward, sudoku_rldf_config
     from .trainers import RLDFTrainer
 
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))

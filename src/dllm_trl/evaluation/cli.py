@@ -89,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     """Parse the command line, evaluate, write the reports and print the score table."""
     from trl import ModelConfig, TrlParser
 
-    from ..cli import load_model_and_tokenizer
+    from ..models import load_model_and_tokenizer
 
     parser = TrlParser((EvaluationArguments, ModelConfig))
     args, model_args = parser.parse_args_and_config(args=argv)

@@ -1,7 +1,8 @@
 """Checkpoint -> bidirectional (or block-causal) transformers model carrying its diffusion properties (SPEC §4, §7).
 
 Names are imported on first use: the sampler needs only :mod:`.bidirectional` and :mod:`.block_attention` (torch),
-not transformers' model classes that :mod:`.loading` and :mod:`.tiny` import.
+not transformers' model classes that :mod:`.loading` and :mod:`.tiny` import. :mod:`.pretrained` loads and saves the
+model of a TRL-style script (``ModelConfig`` flags).
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ _EXPORTS = {
         ["DREAM_7B_SHAPE", "LLADA_8B_SHAPE", "SDAR_8B_SHAPE", "build_tiny_dream", "build_tiny_fast_dllm_v2",
          "build_tiny_llada", "build_tiny_sdar", "tiny_dream_config", "tiny_llada_config", "tiny_sdar_config"],
         "tiny",
+    ),
+    **dict.fromkeys(
+        ["check_trainable", "load_model_and_tokenizer", "model_init_kwargs", "save_trained_model"], "pretrained"
     ),
     **dict.fromkeys(
         ["completion_logits", "completion_token_logps", "selective_log_softmax", "token_logps_at"], "scoring"
@@ -57,6 +61,7 @@ if TYPE_CHECKING:
         read_raw_config,
         sdar_to_qwen3_config,
     )
+    from .pretrained import check_trainable, load_model_and_tokenizer, model_init_kwargs, save_trained_model
     from .scoring import completion_logits, completion_token_logps, selective_log_softmax, token_logps_at
     from .tiny import (
         DREAM_7B_SHAPE,

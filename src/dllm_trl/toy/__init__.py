@@ -11,6 +11,8 @@ One call gives a partly competent masked-diffusion LM and its tokenizer::
 produced by ``scripts/pretrain_toy.py``.
 """
 
+from .configs import TOY_TRAINING_DEFAULTS, sudoku_rldf_config, sudoku_rldf_settings, toy_rldf_config
+from .configs import toy_training_defaults
 from .evaluate import evaluate_accuracy, main
 from .evaluate import evaluate_causal_accuracy
 from .model import SUDOKU_GEN_LENGTH, TOY_GEN_LENGTH, TOY_MODEL_SHAPE, load_sudoku, load_sudoku_causal, load_toy
@@ -27,6 +29,7 @@ __all__ = [
     "TEST_SIZE",
     "TOY_GEN_LENGTH",
     "TOY_MODEL_SHAPE",
+    "TOY_TRAINING_DEFAULTS",
     "build_toy_tokenizer",
     "completion_text",
     "evaluate_accuracy",
@@ -42,10 +45,14 @@ __all__ = [
     "sudoku_generation_config",
     "sudoku_problems",
     "sudoku_reward",
+    "sudoku_rldf_config",
+    "sudoku_rldf_settings",
     "sudoku_up_to_relabelling_reward",
     "toy_assets_dir",
     "toy_dataset",
     "toy_generation_config",
     "toy_problems",
     "toy_reward",
+    "toy_rldf_config",
+    "toy_training_defaults",
 ]
