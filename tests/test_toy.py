@@ -14,7 +14,7 @@ from transformers import AutoTokenizer
 
 from dllm_trl import diffusion_generate
 from dllm_trl.generation import encode_prompts
-from dllm_trl.models import build_tiny_llada
+from dllm_trl.testing import build_tiny_llada
 from dllm_trl.toy import (
     TEST_SIZE,
     TOY_GEN_LENGTH,

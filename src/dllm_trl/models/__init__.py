@@ -1,8 +1,8 @@
 """Checkpoint -> bidirectional (or block-causal) transformers model carrying its diffusion properties (SPEC §4, §7).
 
 Names are imported on first use: the sampler needs only :mod:`.bidirectional` and :mod:`.block_attention` (torch),
-not transformers' model classes that :mod:`.loading` and :mod:`.tiny` import. :mod:`.pretrained` loads and saves the
-model of a TRL-style script (``ModelConfig`` flags).
+not transformers' model classes that :mod:`.loading` imports. :mod:`.pretrained` loads and saves the model of a
+TRL-style script (``ModelConfig`` flags). Random tiny models for tests live in :mod:`dllm_trl.testing`.
 """
 
 from __future__ import annotations
@@ -22,11 +22,6 @@ _EXPORTS = {
         ["LLADA_KEY_MAPPING", "checkpoint_family", "dream_to_qwen2_config", "fast_dllm_v2_to_qwen2_config",
          "llada_to_llama_config", "load_diffusion_model", "read_raw_config", "sdar_to_qwen3_config"],
         "loading",
-    ),
-    **dict.fromkeys(
-        ["DREAM_7B_SHAPE", "LLADA_8B_SHAPE", "SDAR_8B_SHAPE", "build_tiny_dream", "build_tiny_fast_dllm_v2",
-         "build_tiny_llada", "build_tiny_sdar", "tiny_dream_config", "tiny_llada_config", "tiny_sdar_config"],
-        "tiny",
     ),
     **dict.fromkeys(
         ["check_trainable", "load_model_and_tokenizer", "model_init_kwargs", "save_trained_model"], "pretrained"
@@ -63,15 +58,3 @@ if TYPE_CHECKING:
     )
     from .pretrained import check_trainable, load_model_and_tokenizer, model_init_kwargs, save_trained_model
     from .scoring import completion_logits, completion_token_logps, selective_log_softmax, token_logps_at
-    from .tiny import (
-        DREAM_7B_SHAPE,
-        LLADA_8B_SHAPE,
-        SDAR_8B_SHAPE,
-        build_tiny_dream,
-        build_tiny_fast_dllm_v2,
-        build_tiny_llada,
-        build_tiny_sdar,
-        tiny_dream_config,
-        tiny_llada_config,
-        tiny_sdar_config,
-    )
