@@ -64,7 +64,8 @@ def build_model(args):
     """A random SDAR-shaped block-diffusion model, created directly on ``args.device`` in ``args.dtype``."""
     from transformers import Qwen3ForCausalLM
 
-    from dllm_trl.models import SDAR_8B_SHAPE, set_diffusion_properties, tiny_sdar_config
+    from dllm_trl.models import set_diffusion_properties
+    from dllm_trl.testing import SDAR_8B_SHAPE, tiny_sdar_config
 
     shape = dict(SDAR_8B_SHAPE, **(SMALL if args.shape == "small" else {}))
     if args.vocab is not None:

@@ -29,7 +29,7 @@ grid resumes), a Markdown table and a PNG plot::
 ``--task sudoku`` runs the study on the 4×4 Sudoku toy (``dllm_trl.toy.sudoku``, ``load_sudoku()``), whose
 completions take 20 decoding steps (one cell per step), with its own protocol (docs/estimators_sudoku.md):
 
-* settings: :func:`dllm_trl.cli.sudoku_rldf_config` (the Sudoku sampler at temperature 1, 4 puzzles × 8 generations
+* settings: :func:`dllm_trl.toy.sudoku_rldf_config` (the Sudoku sampler at temperature 1, 4 puzzles × 8 generations
   per step), trained on the partial-credit ``sudoku_cell_reward``, evaluated by the greedy binary ``sudoku_reward``
   solve rate of the first ``--eval-size`` (100) test puzzles;
 * learning rate tuned per estimator: every estimator configuration runs at each of ``--learning-rates`` on each of
@@ -218,8 +218,7 @@ def task_functions(args) -> dict:
 
     _, _, eval_config = toy_model(args)
     if args.task == "sudoku":
-        from dllm_trl.cli import sudoku_rldf_config
-        from dllm_trl.toy import sudoku_cell_reward, sudoku_dataset, sudoku_reward
+        from dllm_trl.toy import sudoku_cell_reward, sudoku_dataset, sudoku_reward, sudoku_rldf_config
 
         held_out = sudoku_dataset("test", size=args.eval_size)
         return dict(
@@ -227,8 +226,7 @@ def task_functions(args) -> dict:
             evaluate=lambda model, tokenizer: evaluate_accuracy(model, tokenizer, held_out, eval_config,
                                                                 batch_size=args.eval_size, reward=sudoku_reward),
         )
-    from dllm_trl.cli import toy_rldf_config
-    from dllm_trl.toy import toy_dataset, toy_reward
+    from dllm_trl.toy import toy_dataset, toy_reward, toy_rldf_config
 
     held_out = toy_dataset("test", size=args.eval_size)
     return dict(

@@ -175,7 +175,8 @@ def stage_qlora(kind: str):
 
     from dllm_trl import DiffusionGenerationConfig, diffusion_generate
     from dllm_trl.losses import sample_timesteps, step_uncertainty
-    from dllm_trl.models import LLADA_8B_SHAPE, set_diffusion_properties, tiny_llada_config
+    from dllm_trl.models import set_diffusion_properties
+    from dllm_trl.testing import LLADA_8B_SHAPE, tiny_llada_config
 
     gpu = kind == GPU
     device = "cuda" if gpu else "cpu"

@@ -94,7 +94,7 @@ def default_dtype(dtype):
 
 
 def model_shape(args) -> tuple[str, dict]:
-    from dllm_trl.models import DREAM_7B_SHAPE, LLADA_8B_SHAPE
+    from dllm_trl.testing import DREAM_7B_SHAPE, LLADA_8B_SHAPE
 
     family, shape = {
         "small": ("llada", dict(LLADA_8B_SHAPE, **SHAPE_OVERRIDES)),
@@ -116,7 +116,8 @@ def build_model(args):
     """The random model, created directly on ``args.device`` in ``args.dtype`` (8B never touches the CPU)."""
     from transformers import LlamaForCausalLM, Qwen2ForCausalLM
 
-    from dllm_trl.models import set_diffusion_properties, tiny_dream_config, tiny_llada_config
+    from dllm_trl.models import set_diffusion_properties
+    from dllm_trl.testing import tiny_dream_config, tiny_llada_config
 
     family, shape = model_shape(args)
     make_config, model_cls = (tiny_llada_config, LlamaForCausalLM) if family == "llada" else (tiny_dream_config, Qwen2ForCausalLM)
@@ -332,7 +333,7 @@ def single_process(args):
 
 def compare_main(args):
     """This checkout vs ``args.baseline``, every measurement in a fresh process, interleaved, medians."""
-    from dllm_trl.models import tiny_dream_config, tiny_llada_config
+    from dllm_trl.testing import tiny_dream_config, tiny_llada_config
 
     sides = [Side.baseline(args.baseline), Side.current()]
     unmasking = args.unmasking.split(",")[0]

@@ -175,8 +175,7 @@ def make_trainer(model_kind, method, seed, args, output_dir):
     """The trainer of one run; every method shares the settings below and differs only in its loss."""
     from trl import GRPOConfig, GRPOTrainer
 
-    from dllm_trl.cli import sudoku_rldf_config
-    from dllm_trl.toy import SUDOKU_GEN_LENGTH, sudoku_cell_reward, sudoku_dataset
+    from dllm_trl.toy import SUDOKU_GEN_LENGTH, sudoku_cell_reward, sudoku_dataset, sudoku_rldf_config
     from dllm_trl.trainers import DPPOMaskConfig, DPPOMaskTrainer, RLDFTrainer
 
     settings = dict(METHODS[method])

@@ -66,7 +66,7 @@ def measure(spec: dict) -> dict:
     from datasets import Dataset
     from trl import GRPOTrainer
 
-    from dllm_trl.models import build_tiny_llada
+    from dllm_trl.testing import build_tiny_llada
     from dllm_trl.toy import build_toy_tokenizer
     from dllm_trl.trainers import DPPOMaskConfig, DPPOMaskTrainer, RLDFConfig, RLDFTrainer
 

@@ -23,17 +23,11 @@ import torch
 from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 from trl import ModelConfig, TrlParser, get_peft_config, get_quantization_config
 
-from dllm_trl.cli import (
-    check_report_backends,
-    check_trainable,
-    load_model_and_tokenizer,
-    model_init_kwargs,
-    save_trained_model,
-    toy_training_defaults,
-)
+from dllm_trl.callbacks import check_report_backends
 from dllm_trl.data import DatasetArguments
+from dllm_trl.models import check_trainable, load_model_and_tokenizer, model_init_kwargs, save_trained_model
 from dllm_trl.rewards import math_reward
-from dllm_trl.toy import build_toy_tokenizer, toy_dataset, toy_reward
+from dllm_trl.toy import build_toy_tokenizer, toy_dataset, toy_reward, toy_training_defaults
 from dllm_trl.trainers import DPPOMaskConfig, DPPOMaskTrainer
 
 

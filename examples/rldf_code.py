@@ -48,9 +48,11 @@ from __future__ import annotations
 from trl import ModelConfig, TrlParser, get_peft_config
 
 from dllm_trl import RLDFConfig, RLDFTrainer
-from dllm_trl.cli import check_report_backends, load_model_and_tokenizer, save_trained_model, toy_training_defaults
+from dllm_trl.callbacks import check_report_backends
 from dllm_trl.data import DatasetArguments, prepare_dataset, sample_dataset
+from dllm_trl.models import load_model_and_tokenizer, save_trained_model
 from dllm_trl.rewards import code_reward
+from dllm_trl.toy import toy_training_defaults
 
 
 def main():

@@ -27,7 +27,7 @@ sys.path.insert(0, __file__.rsplit("/", 2)[0])
 from tests.conftest import addition_dataset, length_reward, make_char_tokenizer  # noqa: E402
 
 from dllm_trl import load_diffusion_model  # noqa: E402
-from dllm_trl.models import build_tiny_llada  # noqa: E402
+from dllm_trl.testing import build_tiny_llada  # noqa: E402
 from dllm_trl.trainers import RLDFConfig, RLDFTrainer  # noqa: E402
 
 

@@ -13,10 +13,7 @@ import pytest
 import torch
 from trl import ModelConfig
 
-from dllm_trl import evaluation
-
 from dllm_trl.data import prepare_dataset, sample_dataset
-from dllm_trl.cli import load_model_and_tokenizer
 from dllm_trl.evaluation import (
     EvalTask,
     TaskAccuracy,
@@ -26,6 +23,8 @@ from dllm_trl.evaluation import (
     markdown_tables,
     pass_at_k,
 )
+from dllm_trl.evaluation import reports
+from dllm_trl.models import load_model_and_tokenizer
 from dllm_trl.rewards import code_reward, math_reward
 from dllm_trl.toy import evaluate_accuracy, load_toy, toy_assets_dir, toy_dataset, toy_generation_config, toy_reward
 
@@ -145,10 +144,10 @@ def test_results_are_written_before_the_plot(tmp_path, monkeypatch):
     def failing_plot(cells, path):
         raise RuntimeError("no display")
 
-    monkeypatch.setattr(evaluation, "plot_results", failing_plot)
+    monkeypatch.setattr(reports, "plot_results", failing_plot)
     results = {"cells": table_cells(), "completions": [{"completion": "1", "reward": 0.0}]}
     with pytest.raises(RuntimeError, match="no display"):
-        evaluation.write_results(results, str(tmp_path), {"model": "toy"})
+        reports.write_results(results, str(tmp_path), {"model": "toy"})
     assert json.loads((tmp_path / "results.json").read_text())["cells"] == results["cells"]
     assert (tmp_path / "results.md").read_text() == markdown_tables(results["cells"])
     assert (tmp_path / "completions.jsonl").read_text() == '{"completion": "1", "reward": 0.0}\n'

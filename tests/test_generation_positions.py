@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from dllm_trl import DiffusionGenerationConfig, diffusion_generate
-from dllm_trl.toy import encode_prompts, load_toy
+from dllm_trl.generation import encode_prompts
+from dllm_trl.toy import load_toy
 
 
 def test_warns_past_max_position_embeddings():

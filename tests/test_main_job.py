@@ -1,12 +1,12 @@
 """The README's main job: RLDF on the Sudoku toy raises the held-out greedy solve rate (slow, ~5 min)."""
 
-import pytest
-
+import dataclasses
 import json
 
+import pytest
 import torch
 
-from dllm_trl.__main__ import MAIN_JOB_DEFAULTS, main, moving_average, parse_args
+from dllm_trl.__main__ import main, main_job_settings, moving_average, parse_args
 
 
 def test_moving_average_is_a_trailing_mean():
@@ -14,14 +14,62 @@ def test_moving_average_is_a_trailing_mean():
 
 
 def test_flags_are_trl_style_with_hyphenated_aliases(capsys):
-    args = parse_args(["--output_dir", "a", "--max-steps", "3", "--learning_rate", "1e-4", "--skip_eval"])
-    assert (args.output_dir, args.max_steps, args.learning_rate, args.skip_eval) == ("a", 3, 1e-4, True)
+    args, config = parse_args(["--output_dir", "a", "--max-steps", "3", "--learning_rate", "1e-4", "--skip_eval"])
+    assert (config.output_dir, config.max_steps, config.learning_rate, args.skip_eval) == ("a", 3, 1e-4, True)
     with pytest.raises(SystemExit):
         parse_args(["--help"])
-    assert f"(default: {MAIN_JOB_DEFAULTS['max_steps']})" in capsys.readouterr().out  # the help shows every default
+    help_text = capsys.readouterr().out
+    assert f"(default: {main_job_settings()['max_steps']})" in help_text  # the help shows every default
+    for flag in ("--output_dir", "--model_name_or_path", "--max_steps", "--max-steps", "--learning_rate",
+                 "--num_generations", "--prompts_per_step", "--num_sampled_timesteps", "--beta", "--temperature",
+                 "--eval_size", "--reward", "--eval_steps", "--skip_eval", "--seed", "--report_to", "--save_model"):
+        assert f"{flag} " in help_text, flag
     with pytest.raises(SystemExit):
         parse_args(["--eval_size", "0"])
     assert "--skip_eval" in capsys.readouterr().err
+
+
+def test_no_flags_give_the_trainer_the_settings_of_the_argparse_job():
+    """The values the job's former argparse command line passed to ``sudoku_rldf_config`` when given no flag, written
+    out, reach RLDFConfig unchanged (eval_steps now holds the job's evaluation interval; TRL's evaluation stays off)."""
+    from dllm_trl.trainers import RLDFConfig
+
+    args, config = parse_args([])
+    before = RLDFConfig(
+        output_dir="outputs/sudoku-rldf", max_completion_length=20, block_length=20, unmasking="static",
+        diffusion_steps=20, cache_mode="dual", temperature=1.0, num_generations=8, per_device_train_batch_size=64,
+        num_sampled_timesteps=4, beta=0.0, learning_rate=1e-4, lr_scheduler_type="constant", max_steps=150,
+        logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, bf16=False, gradient_checkpointing=False,
+        dataloader_pin_memory=False, seed=0, reward_weights=[0.0, 1.0],
+    )
+    for f in dataclasses.fields(RLDFConfig):
+        expected = 50 if f.name == "eval_steps" else getattr(before, f.name)
+        assert getattr(config, f.name) == expected, f.name
+    assert config.eval_strategy == "no"
+    assert dataclasses.asdict(args) == dict(model_name_or_path=None, prompts_per_step=8, eval_size=200, reward="cell",
+                                            skip_eval=False, save_model=False)
+
+
+def test_yaml_config_sits_between_the_job_defaults_and_the_command_line(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text("learning_rate: 3.0e-4\nmax_steps: 7\nreward: solve\nsave_steps: 5\n")
+    args, config = parse_args(["--config", str(path), "--max-steps", "9", "--resume_from_checkpoint", "ckpt"])
+    assert (config.learning_rate, config.max_steps, config.save_steps) == (3e-4, 9, 5)
+    assert (args.reward, config.reward_weights, config.resume_from_checkpoint) == ("solve", [1.0, 0.0], "ckpt")
+    assert config.lr_scheduler_type == "constant" and config.num_sampled_timesteps == 4  # the job's, not TRL's
+
+
+def test_the_batch_counts_puzzles_or_completions():
+    args, config = parse_args(["--num_generations", "4", "--prompts_per_step", "2"])
+    assert (args.prompts_per_step, config.per_device_train_batch_size) == (2, 8)
+    args, config = parse_args(["--per_device_train_batch_size", "16"])
+    assert (args.prompts_per_step, config.num_generations, config.per_device_train_batch_size) == (2, 8, 16)
+    args, config = parse_args(["--reward_weights", "1", "0"])
+    assert (args.reward, config.reward_weights) == ("solve", [1.0, 0.0])
+    with pytest.raises(SystemExit):
+        parse_args(["--per_device_train_batch_size", "12"])  # not a whole number of groups of 8
+    with pytest.raises(SystemExit):
+        parse_args(["--eval_steps", "2.5"])
 
 
 def test_main_job_runs_with_evaluation_skipped(tmp_path, capsys):

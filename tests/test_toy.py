@@ -13,13 +13,13 @@ from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
 from dllm_trl import diffusion_generate
-from dllm_trl.models import build_tiny_llada
+from dllm_trl.generation import encode_prompts
+from dllm_trl.testing import build_tiny_llada
 from dllm_trl.toy import (
     TEST_SIZE,
     TOY_GEN_LENGTH,
     build_toy_tokenizer,
     completion_text,
-    encode_prompts,
     evaluate_accuracy,
     load_toy,
     toy_assets_dir,

@@ -14,9 +14,9 @@ from safetensors.torch import load_file
 from transformers import Qwen3ForCausalLM
 
 from dllm_trl import RLDFTrainer, diffusion_generate
-from dllm_trl.cli import toy_rldf_config
-from dllm_trl.models import build_tiny_sdar
-from dllm_trl.toy import encode_prompts, evaluate_accuracy, toy_dataset, toy_reward
+from dllm_trl.generation import encode_prompts
+from dllm_trl.testing import build_tiny_sdar
+from dllm_trl.toy import evaluate_accuracy, toy_dataset, toy_reward, toy_rldf_config
 from dllm_trl.toy.block import (
     TOY_BLOCK_SIZE,
     block_diffusion_loss,

@@ -6,62 +6,123 @@ of which half exchange the digits 1 and 2, so it writes either convention), trai
 curve (``reward_curve.png``), ``summary.json`` and TRL's full per-step metrics (``log_history.jsonl``) to
 ``--output_dir``. The console shows one progress bar (mean rollout reward, held-out solve rate when evaluated, seconds
 per step) and a before/after line; ``--report_to tensorboard`` etc. send TRL's metrics to a tracker as usual.
+
+The command line is TRL's ``TrlParser`` over the job's own flags (:class:`MainJobArguments`) and
+:class:`~dllm_trl.RLDFConfig`, so every TRL / transformers training flag (``--save_steps``, ``--resume_from_checkpoint``
+…), the hyphenated spellings (``--max-steps``) and ``--config job.yaml`` work as in TRL's scripts. Unless a flag (or
+the YAML file) says otherwise the job trains at :func:`main_job_settings`.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
+from dataclasses import dataclass, field
+
+OUTPUT_DIR = "outputs/sudoku-rldf"
+REWARD_WEIGHTS = {"solve": [1.0, 0.0], "cell": [0.0, 1.0]}
+"""``reward_weights`` of ``[sudoku_reward, sudoku_cell_reward]`` that each ``--reward`` trains on."""
+SETTINGS = ("model_name_or_path", "max_steps", "learning_rate", "num_generations", "prompts_per_step",
+            "num_sampled_timesteps", "beta", "temperature", "eval_size", "reward", "eval_steps", "skip_eval", "seed",
+            "report_to")
+"""What ``summary.json`` records of the run's flags."""
 
 
-MAIN_JOB_DEFAULTS = dict(
-    max_steps=150, learning_rate=1e-4, num_generations=8, prompts_per_step=8, num_sampled_timesteps=4, beta=0.0,
-    temperature=1.0, reward="cell",
-)
-"""The defaults of the main job's training flags (chosen by the learning-rate sweep in docs/main_job.md)."""
+def main_job_settings() -> dict:
+    """The training arguments at which ``python -m dllm_trl`` runs when no flag says otherwise: the Sudoku toy's RLDF
+    settings (:func:`~dllm_trl.toy.sudoku_rldf_settings`, from the learning-rate sweep in docs/main_job.md), seed 0,
+    the held-out solve rate every 50 steps, and a batch of ``num_generations`` × ``prompts_per_step`` completions."""
+    from .toy import sudoku_rldf_settings
+
+    return sudoku_rldf_settings(OUTPUT_DIR, seed=0, eval_steps=50, per_device_train_batch_size=None)
+
+
+@dataclass
+class MainJobArguments:
+    """The main job's own flags; every training flag is :class:`~dllm_trl.RLDFConfig`'s (TRL's and transformers')."""
+
+    model_name_or_path: str | None = field(
+        default=None,
+        metadata={"help": "Sudoku diffusion checkpoint to train (a folder written by scripts/pretrain_sudoku.py); "
+                          "default: the shipped noisy-teacher one (assets/sudoku_noisy_teacher)."},
+    )
+    prompts_per_step: int = field(
+        default=8,
+        metadata={"help": "Puzzles per step: the batch is num_generations × prompts_per_step completions (a "
+                          "--per_device_train_batch_size given as well wins)."},
+    )
+    eval_size: int = field(default=200, metadata={"help": "Held-out puzzles for the greedy solve rate."})
+    reward: str = field(
+        default="cell",
+        metadata={"help": "Trained reward: 'cell' (d1's partial credit: share of blanks right in a grid keeping the "
+                          "givens) or 'solve' (1 for a solved grid), i.e. reward_weights (a --reward_weights given as "
+                          "well wins). Both are logged; the evaluation is always the greedy solve rate.",
+                  "choices": sorted(REWARD_WEIGHTS)},
+    )
+    skip_eval: bool = field(
+        default=False, metadata={"help": "No evaluation at all (before, during or after training)."}
+    )
+    save_model: bool = field(default=False, metadata={"help": "Also save the trained checkpoint to <output_dir>/model."})
+
+
+HELP = {
+    "output_dir": "Where the plot, summary, metrics (and with --save_model the model) go.",
+    "eval_steps": "Also evaluate the held-out solve rate every N steps (shown on the bar); 0 = only before/after.",
+    "per_device_train_batch_size": "Completions per step; unset: num_generations × prompts_per_step.",
+}
+"""Help of the RLDFConfig flags that the job reads in its own way."""
+
+
+def _resolve(parser, args) -> None:
+    """Check the parsed flags and fill in the RLDFConfig fields that the job's own flags name: the batch from
+    ``--prompts_per_step``, the reward weights from ``--reward`` (unless those fields are given themselves)."""
+    at_least_one = ["max_steps", "num_generations", "prompts_per_step", "num_sampled_timesteps"]
+    for name in at_least_one + ([] if args.skip_eval else ["eval_size"]):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be ≥ 1 (got {getattr(args, name)}).")
+    if args.eval_steps is None or args.eval_steps < 0 or args.eval_steps != int(args.eval_steps):
+        parser.error(f"--eval_steps must be a whole number ≥ 0 (got {args.eval_steps}).")
+    args.eval_steps = int(args.eval_steps)
+    if args.per_device_train_batch_size is None:
+        args.per_device_train_batch_size = args.num_generations * args.prompts_per_step
+    elif args.per_device_train_batch_size % args.num_generations:
+        parser.error(f"--per_device_train_batch_size {args.per_device_train_batch_size} is not a whole number of "
+                     f"puzzles × --num_generations {args.num_generations}.")
+    else:
+        args.prompts_per_step = args.per_device_train_batch_size // args.num_generations
+    if args.reward_weights is None:
+        args.reward_weights = REWARD_WEIGHTS[args.reward]
+    else:  # the reward that the given weights train on, if it has a name
+        args.reward = next((name for name, w in REWARD_WEIGHTS.items() if w == list(args.reward_weights)), None)
+
+
+def main_job_parser():
+    """TRL's ``TrlParser`` over :class:`MainJobArguments` and :class:`~dllm_trl.RLDFConfig`: every TRL / transformers
+    training flag and ``--config job.yaml`` work as in TRL's scripts, the defaults are :func:`main_job_settings`, a
+    YAML config overrides them and the command line overrides both."""
+    from trl import TrlParser
+
+    from .trainers import RLDFConfig
+
+    class MainJobParser(TrlParser):
+        def parse_known_args(self, args=None, namespace=None):
+            namespace, extras = super().parse_known_args(args, namespace)
+            _resolve(self, namespace)
+            return namespace, extras
+
+    parser = MainJobParser((MainJobArguments, RLDFConfig), prog="python -m dllm_trl",
+                           description=__doc__.split("\n\n")[0])
+    parser.set_defaults(**main_job_settings())
+    for action in parser._actions:
+        action.help = HELP.get(action.dest, action.help)
+    return parser
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(
-        prog="python -m dllm_trl",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-
-    def flag(name, **kwargs):  # TRL-style underscore flags; the hyphenated spelling stays as an alias
-        parser.add_argument(f"--{name}", *([f"--{name.replace('_', '-')}"] if "_" in name else []), **kwargs)
-
-    flag("output_dir", default="outputs/sudoku-rldf", help="Where the plot, summary, metrics and model go.")
-    flag("model_name_or_path", default=None,
-         help="Sudoku diffusion checkpoint to train (a folder written by scripts/pretrain_sudoku.py); "
-         "default: the shipped noisy-teacher one (assets/sudoku_noisy_teacher).")
-    flag("max_steps", type=int, default=MAIN_JOB_DEFAULTS["max_steps"], help="Optimizer steps.")
-    flag("learning_rate", type=float, default=MAIN_JOB_DEFAULTS["learning_rate"], help="Constant learning rate.")
-    flag("num_generations", type=int, default=MAIN_JOB_DEFAULTS["num_generations"],
-         help="Completions per prompt (group size).")
-    flag("prompts_per_step", type=int, default=MAIN_JOB_DEFAULTS["prompts_per_step"], help="Puzzles per step.")
-    flag("num_sampled_timesteps", type=int, default=MAIN_JOB_DEFAULTS["num_sampled_timesteps"],
-         help="k of weighted timestep sampling.")
-    flag("beta", type=float, default=MAIN_JOB_DEFAULTS["beta"], help="k3-KL weight.")
-    flag("temperature", type=float, default=MAIN_JOB_DEFAULTS["temperature"], help="Rollout sampling temperature.")
-    flag("eval_size", type=int, default=200, help="Held-out puzzles for the greedy solve rate.")
-    flag("reward", default=MAIN_JOB_DEFAULTS["reward"], choices=["cell", "solve"],
-         help="Trained reward: 'cell' (d1's partial credit: share of blanks right in a grid keeping the givens) or "
-         "'solve' (1 for a solved grid). Both are logged; the evaluation is always the greedy solve rate.")
-    flag("eval_steps", type=int, default=50, help="Also evaluate every N steps (shown on the bar); 0 = only before/after.")
-    flag("skip_eval", action="store_true", help="No evaluation at all (before, during or after training).")
-    flag("seed", type=int, default=0, help="Random seed.")
-    flag("report_to", default="none", help="TRL/transformers report backend(s), e.g. tensorboard, wandb.")
-    flag("save_model", action="store_true", help="Also save the trained checkpoint to <output_dir>/model.")
-    args = parser.parse_args(argv)
-    for name in ("max_steps", "num_generations", "prompts_per_step", "num_sampled_timesteps", "eval_size"):
-        if getattr(args, name) < 1 and not (name == "eval_size" and args.skip_eval):
-            parser.error(f"--{name} must be ≥ 1 (got {getattr(args, name)}).")
-    if args.eval_steps < 0:
-        parser.error(f"--eval_steps must be ≥ 0 (got {args.eval_steps}).")
-    return args
+    """``(MainJobArguments, RLDFConfig)`` of the command line ``argv`` (default: ``sys.argv[1:]``)."""
+    _quiet_third_party_imports()
+    return main_job_parser().parse_args_and_config(argv)
 
 
 def _quiet_third_party_imports() -> None:
@@ -82,24 +143,28 @@ def moving_average(values, window=10):
     return out
 
 
+def _settings(args: MainJobArguments, config) -> dict:
+    """The :data:`SETTINGS` of this run, from the job's flags and the trainer's config (``report_to`` as given)."""
+    values = {name: getattr(args, name) if hasattr(args, name) else getattr(config, name) for name in SETTINGS}
+    return {**values, "report_to": " ".join(config.report_to) or "none"}
+
+
 def _minutes(seconds: float) -> str:
     return f"{int(seconds // 60)}m{seconds % 60:04.1f}s"
 
 
 def main(argv=None) -> dict:
-    args = parse_args(argv)
     start = time.perf_counter()
-    _quiet_third_party_imports()
+    args, config = parse_args(argv)
     import torch
 
-    from .cli import RewardProgressBar, sudoku_rldf_config
+    from .callbacks import RewardProgressBar
     from .toy import evaluate_accuracy, load_sudoku_noisy_teacher, sudoku_cell_reward, sudoku_dataset
-    from .toy import sudoku_generation_config
-    from .toy import sudoku_reward
+    from .toy import sudoku_generation_config, sudoku_reward
     from .trainers import RLDFTrainer
 
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
-    os.makedirs(args.output_dir, exist_ok=True)
+    os.makedirs(config.output_dir, exist_ok=True)
     model, tokenizer = load_sudoku_noisy_teacher(path=args.model_name_or_path)
     held_out = sudoku_dataset("test", size=args.eval_size) if not args.skip_eval else None
     eval_config = sudoku_generation_config()
@@ -110,19 +175,6 @@ def main(argv=None) -> dict:
         ]
 
     before = None if args.skip_eval else solve_rate(model)
-    config = sudoku_rldf_config(
-        args.output_dir,
-        temperature=args.temperature,
-        num_generations=args.num_generations,
-        per_device_train_batch_size=args.num_generations * args.prompts_per_step,
-        num_sampled_timesteps=args.num_sampled_timesteps,
-        beta=args.beta,
-        learning_rate=args.learning_rate,
-        max_steps=args.max_steps,
-        seed=args.seed,
-        report_to=args.report_to,
-        reward_weights=[1.0, 0.0] if args.reward == "solve" else [0.0, 1.0],
-    )
     trainer = RLDFTrainer(
         model=model,
         reward_funcs=[sudoku_reward, sudoku_cell_reward],
@@ -131,20 +183,20 @@ def main(argv=None) -> dict:
         processing_class=tokenizer,
     )
     progress = RewardProgressBar(
-        evaluate=None if args.skip_eval or args.eval_steps == 0 else solve_rate,
-        eval_steps=args.eval_steps,
-        metrics_path=os.path.join(args.output_dir, "log_history.jsonl"),
+        evaluate=None if args.skip_eval or config.eval_steps == 0 else solve_rate,
+        eval_steps=config.eval_steps,
+        metrics_path=os.path.join(config.output_dir, "log_history.jsonl"),
         initial_accuracy=before,
         shown={"solved": "rewards/sudoku_reward/mean"},
     )
     progress.install(trainer)
     train_start = time.perf_counter()
-    trainer.train()
+    trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
     train_seconds = time.perf_counter() - train_start
     after = None if args.skip_eval else solve_rate(trainer.model)
 
     rewards = [entry["reward"] for entry in trainer.state.log_history if "reward" in entry]
-    plot_path = os.path.join(args.output_dir, "reward_curve.png")
+    plot_path = os.path.join(config.output_dir, "reward_curve.png")
     _plot(rewards, progress.accuracies, before, after, plot_path)
     total_seconds = time.perf_counter() - start
     summary = {
@@ -156,12 +208,12 @@ def main(argv=None) -> dict:
         "total_seconds": total_seconds,
         "steps": trainer.state.global_step,
         "rewards": rewards,
-        "settings": {k: v for k, v in vars(args).items() if k not in ("output_dir", "save_model")},
+        "settings": _settings(args, config),
     }
-    with open(os.path.join(args.output_dir, "summary.json"), "w") as f:
+    with open(os.path.join(config.output_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     if args.save_model:
-        trainer.save_model(os.path.join(args.output_dir, "model"))
+        trainer.save_model(os.path.join(config.output_dir, "model"))
     first = sum(rewards[:10]) / max(len(rewards[:10]), 1)
     last = sum(rewards[-10:]) / max(len(rewards[-10:]), 1)
     result = (
@@ -172,7 +224,7 @@ def main(argv=None) -> dict:
     print(
         f"{result}; mean rollout reward {first:.3f} (first 10 steps) → {last:.3f} (last 10); "
         f"{trainer.state.global_step} steps in {_minutes(train_seconds)}, {_minutes(total_seconds)} in all.\n"
-        f"Wrote {plot_path}, summary.json and log_history.jsonl to {args.output_dir}."
+        f"Wrote {plot_path}, summary.json and log_history.jsonl to {config.output_dir}."
     )
     return summary
 

@@ -1,9 +1,10 @@
-"""Prompt canvas -> completion + denoising trajectory (SPEC §1)."""
+"""Prompt canvas -> completion + denoising trajectory (SPEC §1); prompts -> completion texts (:mod:`.decode`)."""
 
-from .config import CACHE_MODES, SAMPLING_STYLES, UNMASKING_MODES, DiffusionGenerationConfig
 from .behaviour import BehaviourCapture, appended_logits_processor
-from .samplers import MaskedDiffusionSampler
+from .config import CACHE_MODES, SAMPLING_STYLES, UNMASKING_MODES, DiffusionGenerationConfig
+from .decode import DecodedPrompts, decode_completions, decode_prompts, encode_prompts
 from .sampler import NEVER_COMMITTED, DiffusionGenerationOutput, diffusion_generate, draw_candidates, static_schedule
+from .samplers import MaskedDiffusionSampler
 
 __all__ = [
     "BehaviourCapture",
@@ -13,9 +14,13 @@ __all__ = [
     "NEVER_COMMITTED",
     "SAMPLING_STYLES",
     "UNMASKING_MODES",
+    "DecodedPrompts",
     "DiffusionGenerationConfig",
     "DiffusionGenerationOutput",
+    "decode_completions",
+    "decode_prompts",
     "diffusion_generate",
     "draw_candidates",
+    "encode_prompts",
     "static_schedule",
 ]

@@ -1,10 +1,10 @@
 """Pure tensor math for divergence trust-region masks (SPEC §3, "Predictive Divergence Masks for LLM RL").
 
 Everything here is a stateless function of tensors, batched over tokens of any leading shape ``(...)``.
-Only :func:`gather_policy_view` (and the ``*_full`` reference functions) touch the vocabulary axis; the
-rest works on the truncated support ``S = topK(μ) ∪ {a}`` of size ``K + 1`` slots, so the cost at
-V = 126k-152k is one ``gather`` on the single full-vocabulary log-softmax the trainer already computes
-for ``log π_θ(a)``.
+Only :func:`gather_policy_view` touches the vocabulary axis; the rest works on the truncated support
+``S = topK(μ) ∪ {a}`` of size ``K + 1`` slots, so the cost at V = 126k-152k is one ``gather`` on the single
+full-vocabulary log-softmax the trainer already computes for ``log π_θ(a)``. The full-vocabulary references the
+tests compare against live in :mod:`dllm_trl.testing`.
 
 Notation (SPEC §3): ``μ`` behaviour (rollout) distribution, ``π`` current policy, ``a`` sampled token,
 ``r = π(a)/μ(a)``, ``A`` advantage. The masked policy gradient is
@@ -31,6 +31,7 @@ from typing import Literal, NamedTuple
 
 import torch
 
+from .._lazy import moved_names
 from ..models.scoring import head_in_chunks
 
 __all__ = [
@@ -47,13 +48,9 @@ __all__ = [
     "binary_kl",
     "binary_tv",
     "divergence",
-    "full_kl",
-    "full_tv",
     "kl_direction",
     "tv_direction",
     "directional_derivative",
-    "kl_direction_full",
-    "tv_direction_full",
     "ratio_direction",
     "ppo_proximity",
     "divergence_proximity",
@@ -62,7 +59,6 @@ __all__ = [
     "predictive_mask",
     "trust_region_mask",
     "masked_policy_gradient_terms",
-    "mask_metrics",
 ]
 
 EPS = 1e-12
@@ -314,17 +310,6 @@ def divergence(view: TruncatedView, kind: DivergenceKind = "kl") -> torch.Tensor
     raise ValueError(f"unknown divergence kind {kind!r}")
 
 
-def full_kl(mu_logps: torch.Tensor, pi_logps: torch.Tensor) -> torch.Tensor:
-    """Full-vocabulary ``KL(μ‖π)`` from log-probs ``(..., V)`` (reference / small vocabularies)."""
-    mu = mu_logps.exp()
-    return torch.where(mu > 0, mu * (mu_logps - pi_logps.clamp(min=_LOG_EPS)), 0.0).sum(dim=-1)
-
-
-def full_tv(mu_logps: torch.Tensor, pi_logps: torch.Tensor) -> torch.Tensor:
-    """Full-vocabulary ``½ Σ_v |π_v − μ_v|`` (reference / small vocabularies)."""
-    return 0.5 * (pi_logps.exp() - mu_logps.exp()).abs().sum(dim=-1)
-
-
 # --------------------------------------------------------------------------------------------------
 # Directional derivative along e_a − π (SPEC §3.2, paper Eq. 7, 10, 11, App. D)
 # --------------------------------------------------------------------------------------------------
@@ -347,8 +332,8 @@ def kl_direction(view: TruncatedView, tail: TailModel = "aggregated") -> torch.T
     * ``uniform`` (paper Eq. 11): the tail mass is spread over the ``V − |S|`` unseen tokens,
       ``g_uni = (π_a − μ_a) − [Σ_S π_v(π_v − μ_v) + π_tail(π_tail − μ_tail)/(V − |S|)]``.
 
-    These estimate the full-vocabulary ``g`` (:func:`kl_direction_full`); they are not derivatives of
-    the top-K KL. On a binary view ``g_agg = 2(1 − π_a)(π_a − μ_a)`` (paper App. C).
+    These estimate the full-vocabulary ``g`` (:func:`dllm_trl.testing.kl_direction_full`); they are not
+    derivatives of the top-K KL. On a binary view ``g_agg = 2(1 − π_a)(π_a − μ_a)`` (paper App. C).
     """
     w = _tail_weight(view, tail)
     seen = torch.where(view.valid, view.pi * (view.pi - view.mu), 0.0).sum(dim=-1)
@@ -357,7 +342,7 @@ def kl_direction(view: TruncatedView, tail: TailModel = "aggregated") -> torch.T
 
 
 def tv_direction(view: TruncatedView, tail: TailModel = "aggregated") -> torch.Tensor:
-    """Estimate the TV directional derivative (see :func:`tv_direction_full`) from the truncated view.
+    """Estimate the TV directional derivative (:func:`dllm_trl.testing.tv_direction_full`) from the truncated view.
 
     With ``s_v = sign(π_v − μ_v)`` on ``S``, ``s_t = sign(π_tail − μ_tail)`` and
     ``s̄ = Σ_S s_v π_v + s_t π_tail`` (the same under both tail models, since a uniform tail keeps the
@@ -388,36 +373,6 @@ def directional_derivative(
     if kind == "tv":
         return tv_direction(view, tail)
     raise ValueError(f"unknown divergence kind {kind!r}")
-
-
-def kl_direction_full(pi_logps: torch.Tensor, mu_logps: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-    """Exact ``g = d/dh KL(μ ‖ softmax(z + h(e_a − π)))|_{h=0}`` from full log-probs ``(..., V)``.
-
-    ``∂KL/∂z_j = π_j − μ_j``, so ``g = Σ_j (π_j − μ_j)(δ_ja − π_j) = (π_a − μ_a) − Σ_v π_v(π_v − μ_v)``
-    (SPEC §3.2, paper Eq. 7). Reads the whole vocabulary: for tests and small vocabularies.
-    """
-    pi, mu = pi_logps.exp(), mu_logps.exp()
-    idx = action.long().unsqueeze(-1)
-    local = (pi.gather(-1, idx) - mu.gather(-1, idx)).squeeze(-1)
-    return local - (pi * (pi - mu)).sum(dim=-1)
-
-
-def tv_direction_full(pi_logps: torch.Tensor, mu_logps: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-    """Exact directional derivative of ``TV = ½ Σ_v |π_v − μ_v|`` along ``u = e_a − π`` (paper App. D).
-
-    Derivation (``s_v = sign(π_v − μ_v)``, sign(0) := 0, i.e. valid away from kinks ``π_v = μ_v``):
-    ``∂π_v/∂z_j = π_v(δ_vj − π_j)`` so
-    ``∂TV/∂z_j = ½ Σ_v s_v π_v(δ_vj − π_j) = ½ π_j (s_j − s̄)`` with ``s̄ = Σ_v s_v π_v``.
-    Along ``u_j = δ_ja − π_j``:
-    ``g_TV = Σ_j ∂TV/∂z_j · u_j = ½ [ (s_a − s̄) π_a − Σ_v π_v² (s_v − s̄) ]``,
-    i.e. (like KL) "gradient at a minus its π-weighted mean", with gradient ``½ π_j (s_j − s̄)``.
-    """
-    pi, mu = pi_logps.exp(), mu_logps.exp()
-    s = torch.sign(pi - mu)
-    s_bar = (s * pi).sum(dim=-1, keepdim=True)
-    idx = action.long().unsqueeze(-1)
-    local = ((s - s_bar) * pi).gather(-1, idx).squeeze(-1)
-    return 0.5 * (local - (pi.square() * (s - s_bar)).sum(dim=-1))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -522,7 +477,7 @@ def trust_region_mask(
 
 
 # --------------------------------------------------------------------------------------------------
-# Loss terms and metrics
+# Loss terms
 # --------------------------------------------------------------------------------------------------
 def masked_policy_gradient_terms(
     logp_action: torch.Tensor,
@@ -547,42 +502,5 @@ def masked_policy_gradient_terms(
     return terms, w
 
 
-def _masked_mean(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    x = x.detach().to(_compute_dtype(x))
-    return torch.where(m, x, 0.0).sum() / m.sum().clamp(min=1)
-
-
-def mask_metrics(
-    keep: torch.Tensor,
-    advantages: torch.Tensor,
-    *,
-    valid: torch.Tensor | None = None,
-    div: torch.Tensor | None = None,
-    log_ratio: torch.Tensor | None = None,
-    direction: torch.Tensor | None = None,
-    weights: torch.Tensor | None = None,
-) -> dict[str, torch.Tensor]:
-    """Scalar metrics over the tokens where ``valid`` (default: all) — 0 when a set is empty.
-
-    * ``masked_frac`` / ``masked_frac_pos`` / ``masked_frac_neg``: fraction dropped among all / A>0 / A<0;
-    * ``divergence_mean``; ``is_weight_mean``;
-    * ``direction_disagree_frac``: fraction with ``sign(g) ≠ sign(r − 1)`` (sign(0) = 0), i.e. where
-      the predictive and ratio direction criteria can decide differently.
-    """
-    if valid is None:
-        valid = torch.ones_like(keep, dtype=torch.bool)
-    valid = valid.bool()
-    masked = (~keep).to(torch.float32)
-    out = {
-        "masked_frac": _masked_mean(masked, valid),
-        "masked_frac_pos": _masked_mean(masked, valid & (advantages > 0)),
-        "masked_frac_neg": _masked_mean(masked, valid & (advantages < 0)),
-    }
-    if div is not None:
-        out["divergence_mean"] = _masked_mean(div, valid)
-    if direction is not None and log_ratio is not None:
-        disagree = (torch.sign(direction) != torch.sign(log_ratio)).to(torch.float32)
-        out["direction_disagree_frac"] = _masked_mean(disagree, valid)
-    if weights is not None:
-        out["is_weight_mean"] = _masked_mean(weights, valid)
-    return out
+__getattr__ = moved_names(__name__, dict.fromkeys(
+    ["full_kl", "full_tv", "kl_direction_full", "tv_direction_full", "mask_metrics"], "dllm_trl.testing"))

@@ -1,14 +1,15 @@
 """Checkpoint -> bidirectional (or block-causal) transformers model carrying its diffusion properties (SPEC §4, §7).
 
 Names are imported on first use: the sampler needs only :mod:`.bidirectional` and :mod:`.block_attention` (torch),
-not transformers' model classes that :mod:`.loading` and :mod:`.tiny` import.
+not transformers' model classes that :mod:`.loading` imports. :mod:`.pretrained` loads and saves the model of a
+TRL-style script (``ModelConfig`` flags). Random tiny models for tests live in :mod:`dllm_trl.testing`.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .._lazy import lazy_exports
+from .._lazy import lazy_exports, moved_names
 
 _EXPORTS = {
     **dict.fromkeys(
@@ -23,16 +24,18 @@ _EXPORTS = {
         "loading",
     ),
     **dict.fromkeys(
-        ["DREAM_7B_SHAPE", "LLADA_8B_SHAPE", "SDAR_8B_SHAPE", "build_tiny_dream", "build_tiny_fast_dllm_v2",
-         "build_tiny_llada", "build_tiny_sdar", "tiny_dream_config", "tiny_llada_config", "tiny_sdar_config"],
-        "tiny",
+        ["check_trainable", "load_model_and_tokenizer", "model_init_kwargs", "save_trained_model"], "pretrained"
     ),
     **dict.fromkeys(
         ["completion_logits", "completion_token_logps", "selective_log_softmax", "token_logps_at"], "scoring"
     ),
 }
 __all__ = sorted(_EXPORTS)
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+_lazy_getattr, __dir__ = lazy_exports(__name__, _EXPORTS)
+__getattr__ = moved_names(__name__, dict.fromkeys(
+    ["DREAM_7B_SHAPE", "LLADA_8B_SHAPE", "SDAR_8B_SHAPE", "build_tiny_dream", "build_tiny_fast_dllm_v2", "build_tiny_llada",
+     "build_tiny_sdar", "tiny_dream_config", "tiny_llada_config", "tiny_sdar_config"], "dllm_trl.testing"),
+    fallback=_lazy_getattr)
 
 if TYPE_CHECKING:
     from .bidirectional import (
@@ -57,16 +60,5 @@ if TYPE_CHECKING:
         read_raw_config,
         sdar_to_qwen3_config,
     )
+    from .pretrained import check_trainable, load_model_and_tokenizer, model_init_kwargs, save_trained_model
     from .scoring import completion_logits, completion_token_logps, selective_log_softmax, token_logps_at
-    from .tiny import (
-        DREAM_7B_SHAPE,
-        LLADA_8B_SHAPE,
-        SDAR_8B_SHAPE,
-        build_tiny_dream,
-        build_tiny_fast_dllm_v2,
-        build_tiny_llada,
-        build_tiny_sdar,
-        tiny_dream_config,
-        tiny_llada_config,
-        tiny_sdar_config,
-    )

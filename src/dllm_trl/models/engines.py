@@ -9,7 +9,8 @@ Trainers, the sampler and the scoring passes reach the model only through this m
   gathers the embeddings and the LM head, ZeRO-3 gathers each layer, PEFT applies its adapters), while the LM head
   runs only at the positions the caller reads;
 * :func:`paused_gradient_sync` / :func:`backward_without_step` / :func:`backward_syncs_every_call` are what a trainer
-  needs to backpropagate one sampled step at a time under each engine.
+  needs to backpropagate one sampled step at a time under each engine;
+* :func:`adapter_base_model` / :func:`load_adapter` read a PEFT adapter folder and put it on its base model.
 """
 
 from __future__ import annotations
@@ -300,3 +301,23 @@ def prepare_frozen_model(module: nn.Module, accelerator) -> nn.Module:
     if is_fsdp(accelerator):
         return prepare_fsdp(module, accelerator)
     return accelerator.prepare_model(module, evaluation_mode=True)
+
+
+def adapter_base_model(path: str) -> str | None:
+    """The base model that the PEFT adapter folder ``path`` was trained on; ``None`` when ``path`` holds no adapter."""
+    import os
+
+    if not os.path.isfile(os.path.join(path, "adapter_config.json")):
+        return None
+    from peft import PeftConfig
+
+    return PeftConfig.from_pretrained(path).base_model_name_or_path
+
+
+def load_adapter(base: nn.Module, path: str, merge: bool = True) -> nn.Module:
+    """The PEFT adapter folder ``path`` on top of ``base``: merged into its weights (a plain transformers model again),
+    or with ``merge=False`` kept as a ``PeftModel`` (a quantised base cannot take merged weights)."""
+    from peft import PeftModel
+
+    model = PeftModel.from_pretrained(base, path)
+    return model.merge_and_unload() if merge else model

@@ -11,7 +11,10 @@ One call gives a partly competent masked-diffusion LM and its tokenizer::
 produced by ``scripts/pretrain_toy.py``.
 """
 
-from .evaluate import decode_completions, evaluate_accuracy, main
+from .._lazy import moved_names
+from .configs import TOY_TRAINING_DEFAULTS, sudoku_rldf_config, sudoku_rldf_settings, toy_rldf_config
+from .configs import toy_training_defaults
+from .evaluate import evaluate_accuracy, main
 from .evaluate import evaluate_causal_accuracy
 from .model import SUDOKU_GEN_LENGTH, TOY_GEN_LENGTH, TOY_MODEL_SHAPE, load_sudoku, load_sudoku_causal, load_toy
 from .model import load_sudoku_noisy_teacher
@@ -19,7 +22,7 @@ from .model import sudoku_generation_config, toy_assets_dir, toy_generation_conf
 from .sudoku import noisy_teacher_problems, sudoku_cell_reward, sudoku_dataset, sudoku_problems, sudoku_reward
 from .sudoku import sudoku_up_to_relabelling_reward
 from .task import TEST_SIZE, completion_text, toy_dataset, toy_problems, toy_reward
-from .tokenizer import CHAT_TEMPLATE, build_toy_tokenizer, encode_prompts
+from .tokenizer import CHAT_TEMPLATE, build_toy_tokenizer
 
 __all__ = [
     "CHAT_TEMPLATE",
@@ -27,10 +30,9 @@ __all__ = [
     "TEST_SIZE",
     "TOY_GEN_LENGTH",
     "TOY_MODEL_SHAPE",
+    "TOY_TRAINING_DEFAULTS",
     "build_toy_tokenizer",
     "completion_text",
-    "decode_completions",
-    "encode_prompts",
     "evaluate_accuracy",
     "evaluate_causal_accuracy",
     "load_sudoku",
@@ -44,10 +46,16 @@ __all__ = [
     "sudoku_generation_config",
     "sudoku_problems",
     "sudoku_reward",
+    "sudoku_rldf_config",
+    "sudoku_rldf_settings",
     "sudoku_up_to_relabelling_reward",
     "toy_assets_dir",
     "toy_dataset",
     "toy_generation_config",
     "toy_problems",
     "toy_reward",
+    "toy_rldf_config",
+    "toy_training_defaults",
 ]
+
+__getattr__ = moved_names(__name__, dict.fromkeys(["encode_prompts", "decode_completions"], "dllm_trl.generation"))

@@ -3,59 +3,24 @@
 from __future__ import annotations
 
 import argparse
-import time
 
-import torch
-
-from ..generation import DiffusionGenerationConfig, diffusion_generate
+from ..evaluation.tasks import score_completions
+from ..generation import DiffusionGenerationConfig, decode_prompts
 from .model import load_toy, toy_generation_config
 from .task import toy_dataset, toy_reward
-from .tokenizer import encode_prompts
 
 
-def decode_completions(tokenizer, completion_ids: torch.Tensor, completion_mask: torch.Tensor) -> list[str]:
-    """Completion texts up to (not including) the first EOS."""
-    eos = tokenizer.eos_token_id
-    return [
-        tokenizer.decode([t for t in ids[mask.bool()].tolist() if t != eos], skip_special_tokens=False)
-        for ids, mask in zip(completion_ids, completion_mask)
-    ]
-
-
-def score(reward, completions: list[str], dataset) -> list[float]:
-    """``reward`` (a TRL reward function) on ``completions``, with every non-prompt column of ``dataset`` as keyword."""
-    columns = {c: list(dataset[c]) for c in dataset.column_names if c != "prompt"}
-    return [float(r) for r in reward(completions, **columns)]
-
-
-def _decode_dataset(model, tokenizer, dataset, batch_size: int, decode, reward) -> dict:
-    """The evaluation loop shared by both model kinds: ``decode(input_ids, attention_mask)`` returns
-    ``(completion_ids, completion_mask, nfe)`` for one batch of prompts; the completions are scored with ``reward``."""
-    device = model.get_input_embeddings().weight.device
-    prompts = list(dataset["prompt"])
-    completions, tokens, nfe, seconds = [], 0, 0, 0.0
-    was_training = model.training
-    model.eval()
-    try:
-        for begin in range(0, len(prompts), batch_size):
-            input_ids, attention_mask = encode_prompts(tokenizer, prompts[begin : begin + batch_size])
-            start = time.perf_counter()
-            completion_ids, completion_mask, batch_nfe = decode(input_ids.to(device), attention_mask.to(device))
-            completion_ids, completion_mask = completion_ids.cpu(), completion_mask.cpu()
-            seconds += time.perf_counter() - start
-            completions += decode_completions(tokenizer, completion_ids, completion_mask)
-            tokens += int(completion_mask.sum())
-            nfe += batch_nfe
-    finally:
-        model.train(was_training)
-    rewards = score(reward, completions, dataset)
+def _scored(decoded, dataset, reward) -> dict:
+    """The keys :func:`evaluate_accuracy` returns, from ``decoded`` (a :class:`~dllm_trl.generation.DecodedPrompts`
+    of ``dataset``'s prompts) scored with ``reward``."""
+    rewards = score_completions(reward, decoded.completions, dataset)
     return dict(
         accuracy=sum(r >= 1.0 for r in rewards) / max(len(rewards), 1),
-        tokens_per_second=tokens / seconds if seconds > 0 else float("nan"),
-        nfe=nfe,
-        seconds=seconds,
+        tokens_per_second=decoded.tokens / decoded.seconds if decoded.seconds > 0 else float("nan"),
+        nfe=decoded.nfe,
+        seconds=decoded.seconds,
         num_problems=len(rewards),
-        completions=completions,
+        completions=decoded.completions,
     )
 
 
@@ -76,12 +41,7 @@ def evaluate_accuracy(
     decoded ``completions``.
     """
     config = generation_config or toy_generation_config()
-
-    def decode(input_ids, attention_mask):
-        out = diffusion_generate(model, input_ids, attention_mask, config)
-        return out.completion_ids, out.completion_mask, out.nfe
-
-    return _decode_dataset(model, tokenizer, dataset, batch_size, decode, reward)
+    return _scored(decode_prompts(model, tokenizer, list(dataset["prompt"]), config, batch_size), dataset, reward)
 
 
 def evaluate_causal_accuracy(model, tokenizer, dataset, max_new_tokens: int, batch_size: int = 64,
@@ -89,17 +49,17 @@ def evaluate_causal_accuracy(model, tokenizer, dataset, max_new_tokens: int, bat
     """Greedy left-to-right decoding (``model.generate``) of every prompt of ``dataset``, scored like
     :func:`evaluate_accuracy` (same keys; ``nfe`` counts one forward per generated position)."""
 
-    def decode(input_ids, attention_mask):
-        with torch.no_grad():
-            out = model.generate(input_ids=input_ids, attention_mask=attention_mask, do_sample=False,
-                                 max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
-                                 pad_token_id=tokenizer.pad_token_id)
+    def generate(input_ids, attention_mask):
+        out = model.generate(input_ids=input_ids, attention_mask=attention_mask, do_sample=False,
+                             max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
+                             pad_token_id=tokenizer.pad_token_id)
         new = out[:, input_ids.shape[1]:]
         is_eos = (new == tokenizer.eos_token_id).long()
         through_eos = (is_eos.cumsum(1) - is_eos) == 0  # up to and including the first EOS
         return new, through_eos, new.shape[1]
 
-    return _decode_dataset(model, tokenizer, dataset, batch_size, decode, reward)
+    decoded = decode_prompts(model, tokenizer, list(dataset["prompt"]), batch_size=batch_size, generate=generate)
+    return _scored(decoded, dataset, reward)
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -18,11 +18,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..models import build_tiny_llada
+from ..generation import encode_prompts
+from ..testing import build_tiny_llada
 from .evaluate import evaluate_accuracy
 from .model import TOY_GEN_LENGTH, TOY_MODEL_SHAPE, toy_generation_config
 from .task import toy_dataset, toy_problems
-from .tokenizer import build_toy_tokenizer, encode_prompts
+from .tokenizer import build_toy_tokenizer
 
 
 @dataclass
@@ -257,7 +258,7 @@ def pretrain_sudoku(output_dir: str | Path, config: SudokuPretrainConfig | None 
     left-to-right ``LlamaForCausalLM`` of the same shape) and save model + tokenizer to ``output_dir``."""
     from transformers import LlamaForCausalLM
 
-    from ..models import tiny_llada_config
+    from ..testing import tiny_llada_config
     from .model import SUDOKU_GEN_LENGTH, SUDOKU_MODEL_SHAPE, sudoku_generation_config
     from .sudoku import noisy_teacher_problems, sudoku_dataset, sudoku_problems, sudoku_reward
     from .sudoku import sudoku_up_to_relabelling_reward

@@ -51,19 +51,3 @@ def build_toy_tokenizer() -> PreTrainedTokenizerFast:
         chat_template=CHAT_TEMPLATE,
         model_max_length=64,
     )
-
-
-def encode_prompts(tokenizer, prompts) -> tuple:
-    """Left-padded ``(input_ids, attention_mask)`` tensors for plain-text or chat-message prompts.
-
-    A chat prompt (list of messages) goes through the chat template with the assistant turn opened; a plain
-    string is tokenized as is.
-    """
-    rows = [
-        tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
-        if isinstance(p, list)
-        else tokenizer(p, add_special_tokens=False)["input_ids"]
-        for p in prompts
-    ]
-    padded = tokenizer.pad({"input_ids": rows}, padding=True, padding_side="left", return_tensors="pt")
-    return padded["input_ids"], padded["attention_mask"]

@@ -1,0 +1,119 @@
+"""Randomly initialised LLaDA-, Dream-, SDAR- and Fast-dLLM-v2-shaped models, small by default (no download), and
+the published 8B shapes the benchmarks build at full size on a GPU."""
+
+from __future__ import annotations
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+from ..models.bidirectional import set_diffusion_properties
+
+# Published shapes (SPEC §4), used by the benchmarks' ``--shape`` option.
+LLADA_8B_SHAPE = dict(
+    vocab_size=126464, hidden_size=4096, intermediate_size=12288, num_hidden_layers=32, num_attention_heads=32,
+    num_key_value_heads=32, rms_norm_eps=1e-5, rope_theta=500000.0, mask_token_id=126336, eos_token_id=126081,
+)
+DREAM_7B_SHAPE = dict(
+    vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+    num_key_value_heads=4, rms_norm_eps=1e-6, rope_theta=1000000.0, mask_token_id=151666, eos_token_id=151643,
+)
+SDAR_8B_SHAPE = dict(
+    vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+    num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6, rope_theta=1000000.0, mask_token_id=151669,
+    eos_token_id=151643,
+)
+"""SDAR-8B / TraDo-8B = Qwen3-8B's shape (GQA 32/8, head dim 128, per-head q/k norms, untied head)."""
+
+
+def _config(config_class, rope_theta: float, eos_token_id: int, **fields):
+    """``config_class`` with the fields every tiny config shares: default RoPE at ``rope_theta``, EOS as padding."""
+    return config_class(rope_parameters={"rope_type": "default", "rope_theta": rope_theta}, eos_token_id=eos_token_id,
+                        pad_token_id=eos_token_id, **fields)
+
+
+def tiny_llada_config(vocab_size: int = 128, hidden_size: int = 64, intermediate_size: int = 128,
+                      num_hidden_layers: int = 2, num_attention_heads: int = 4, num_key_value_heads: int | None = None,
+                      rms_norm_eps: float = 1e-5, rope_theta: float = 500000.0, eos_token_id: int = 1,
+                      max_position_embeddings: int = 2048, **_: object) -> LlamaConfig:
+    """A small ``LlamaConfig`` with LLaDA's layout: no biases, untied head, SwiGLU, RMSNorm."""
+    return _config(
+        LlamaConfig, rope_theta, eos_token_id, vocab_size=vocab_size, hidden_size=hidden_size,
+        intermediate_size=intermediate_size, num_hidden_layers=num_hidden_layers,
+        num_attention_heads=num_attention_heads, num_key_value_heads=num_key_value_heads or num_attention_heads,
+        rms_norm_eps=rms_norm_eps, tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
+        max_position_embeddings=max_position_embeddings,
+    )
+
+
+def tiny_dream_config(vocab_size: int = 128, hidden_size: int = 64, intermediate_size: int = 128,
+                      num_hidden_layers: int = 2, num_attention_heads: int = 4, num_key_value_heads: int = 2,
+                      rms_norm_eps: float = 1e-6, rope_theta: float = 1000000.0, eos_token_id: int = 1,
+                      max_position_embeddings: int = 2048, **_: object) -> Qwen2Config:
+    """A small ``Qwen2Config`` with Dream's layout: GQA, qkv bias, untied head."""
+    return _config(
+        Qwen2Config, rope_theta, eos_token_id, vocab_size=vocab_size, hidden_size=hidden_size,
+        intermediate_size=intermediate_size, num_hidden_layers=num_hidden_layers,
+        num_attention_heads=num_attention_heads, num_key_value_heads=num_key_value_heads, rms_norm_eps=rms_norm_eps,
+        tie_word_embeddings=False, max_position_embeddings=max_position_embeddings, use_sliding_window=False,
+        bos_token_id=eos_token_id,
+    )
+
+
+def tiny_sdar_config(vocab_size: int = 128, hidden_size: int = 64, intermediate_size: int = 128,
+                     num_hidden_layers: int = 2, num_attention_heads: int = 4, num_key_value_heads: int = 2,
+                     head_dim: int | None = None, rms_norm_eps: float = 1e-6, rope_theta: float = 1000000.0,
+                     eos_token_id: int = 1, max_position_embeddings: int = 2048, tie_word_embeddings: bool = False,
+                     **_: object) -> Qwen3Config:
+    """A small ``Qwen3Config`` with SDAR's layout: GQA, per-head q/k RMSNorm, no biases."""
+    return _config(
+        Qwen3Config, rope_theta, eos_token_id, vocab_size=vocab_size, hidden_size=hidden_size,
+        intermediate_size=intermediate_size, num_hidden_layers=num_hidden_layers,
+        num_attention_heads=num_attention_heads, num_key_value_heads=num_key_value_heads,
+        head_dim=head_dim or hidden_size // num_attention_heads, rms_norm_eps=rms_norm_eps,
+        tie_word_embeddings=tie_word_embeddings, attention_bias=False, max_position_embeddings=max_position_embeddings,
+        use_sliding_window=False, bos_token_id=eos_token_id,
+    )
+
+
+def _diffusion_lm(model_class, config, mask_token_id: int | None, seed: int, dtype: torch.dtype | None,
+                  attn_implementation: str, **diffusion_properties):
+    """A ``model_class`` with random weights drawn from ``seed`` (the global RNG untouched), in eval mode, carrying
+    the diffusion properties (mask = the last vocabulary id unless given)."""
+    config._attn_implementation = attn_implementation
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = model_class(config)
+    if dtype is not None:
+        model = model.to(dtype)
+    mask = config.vocab_size - 1 if mask_token_id is None else mask_token_id
+    return set_diffusion_properties(model.eval(), mask_token_id=mask, **diffusion_properties)
+
+
+def build_tiny_llada(mask_token_id: int | None = None, seed: int = 0, dtype: torch.dtype | None = None,
+                     attn_implementation: str = "sdpa", **config_kwargs) -> LlamaForCausalLM:
+    """A random LLaDA-shaped diffusion LM (mask = last vocabulary id unless given)."""
+    return _diffusion_lm(LlamaForCausalLM, tiny_llada_config(**config_kwargs), mask_token_id, seed, dtype,
+                         attn_implementation, logit_shift=False, sampling="gumbel")
+
+
+def build_tiny_dream(mask_token_id: int | None = None, seed: int = 0, dtype: torch.dtype | None = None,
+                     attn_implementation: str = "sdpa", **config_kwargs) -> Qwen2ForCausalLM:
+    """A random Dream-shaped diffusion LM (logit shift on, categorical sampling)."""
+    return _diffusion_lm(Qwen2ForCausalLM, tiny_dream_config(**config_kwargs), mask_token_id, seed, dtype,
+                         attn_implementation, logit_shift=True, sampling="categorical")
+
+
+def build_tiny_sdar(mask_token_id: int | None = None, block_size: int = 4, seed: int = 0,
+                    dtype: torch.dtype | None = None, attn_implementation: str = "sdpa",
+                    **config_kwargs) -> Qwen3ForCausalLM:
+    """A random SDAR-shaped block-diffusion LM (blocks of ``block_size``, no logit shift, categorical sampling)."""
+    return _diffusion_lm(Qwen3ForCausalLM, tiny_sdar_config(**config_kwargs), mask_token_id, seed, dtype,
+                         attn_implementation, logit_shift=False, sampling="categorical", block_size=block_size)
+
+
+def build_tiny_fast_dllm_v2(mask_token_id: int | None = None, block_size: int = 4, seed: int = 0,
+                            dtype: torch.dtype | None = None, attn_implementation: str = "sdpa",
+                            **config_kwargs) -> Qwen2ForCausalLM:
+    """A random Fast-dLLM-v2-shaped block-diffusion LM (Qwen2.5 layout, blocks of ``block_size``, logit shift)."""
+    return _diffusion_lm(Qwen2ForCausalLM, tiny_dream_config(**config_kwargs), mask_token_id, seed, dtype,
+                         attn_implementation, logit_shift=True, sampling="categorical", block_size=block_size)
