@@ -23,7 +23,7 @@ import torch
 from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 from trl import ModelConfig, TrlParser, get_peft_config, get_quantization_config
 
-from dllm_trl.callbacks import check_report_backends
+from dllm_trl.prechecks import check_run_setup
 from dllm_trl.data import DatasetArguments
 from dllm_trl.models import check_trainable, load_model_and_tokenizer, model_init_kwargs, save_trained_model
 from dllm_trl.rewards import math_reward
@@ -50,7 +50,7 @@ def main():
                                 divergence_top_k=8)
     )
     data_args, args, model_args = parser.parse_args_and_config()
-    check_report_backends(args)
+    check_run_setup(args)
 
     check_trainable(model_args)
     if model_args.model_name_or_path:
@@ -75,7 +75,7 @@ def main():
     )
     print(f"model kind: {trainer.model_kind}, mask: {args.mask_rule} / {args.divergence}, "
           f"K={args.divergence_top_k}, δ={args.divergence_threshold}")
-    trainer.train()
+    trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
     save_trained_model(trainer, args)
     for entry in trainer.state.log_history:
         if "loss" in entry:

@@ -46,7 +46,7 @@ from __future__ import annotations
 from trl import ModelConfig, TrlParser, get_peft_config
 
 from dllm_trl import RLDFConfig, RLDFTrainer
-from dllm_trl.callbacks import check_report_backends
+from dllm_trl.prechecks import check_run_setup
 from dllm_trl.data import DatasetArguments
 from dllm_trl.models import load_model_and_tokenizer, save_trained_model
 from dllm_trl.rewards import math_reward
@@ -57,7 +57,7 @@ def main():
     parser = TrlParser((DatasetArguments, RLDFConfig, ModelConfig))
     parser.set_defaults(**toy_training_defaults("outputs/rldf-math"))
     data_args, training_args, model_args = parser.parse_args_and_config()
-    check_report_backends(training_args)
+    check_run_setup(training_args)
 
     model, tokenizer = load_model_and_tokenizer(model_args)
     if model_args.model_name_or_path is None and data_args.dataset_name is None:
@@ -73,7 +73,7 @@ def main():
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
     )
-    trainer.train()
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     save_trained_model(trainer, training_args)
     rewards = [round(entry["reward"], 3) for entry in trainer.state.log_history if "reward" in entry]
     print(f"mean reward per logged step: {rewards}")

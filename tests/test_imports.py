@@ -39,6 +39,7 @@ def test_every_public_name_resolves_to_its_definition(package):
 @pytest.mark.parametrize("module, name, home", [
     ("dllm_trl.cli", "sudoku_rldf_config", "dllm_trl.toy.configs"),
     ("dllm_trl.cli", "RewardProgressBar", "dllm_trl.callbacks"),
+    ("dllm_trl.cli", "check_report_backends", "dllm_trl.prechecks"),
     ("dllm_trl.cli", "load_model_and_tokenizer", "dllm_trl.models.pretrained"),
     ("dllm_trl.models", "build_tiny_llada", "dllm_trl.testing"),
     ("dllm_trl.toy", "encode_prompts", "dllm_trl.generation"),

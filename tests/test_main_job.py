@@ -47,7 +47,7 @@ def test_no_flags_give_the_trainer_the_settings_of_the_argparse_job():
         assert getattr(config, f.name) == expected, f.name
     assert config.eval_strategy == "no"
     assert dataclasses.asdict(args) == dict(model_name_or_path=None, prompts_per_step=8, eval_size=200, reward="cell",
-                                            skip_eval=False, save_model=False)
+                                            skip_eval=False, save_model=False, threads=None)
 
 
 def test_yaml_config_sits_between_the_job_defaults_and_the_command_line(tmp_path):
@@ -134,3 +134,63 @@ def test_main_job_raises_the_held_out_solve_rate_at_its_defaults(tmp_path):
     assert summary["accuracy_after"] >= summary["accuracy_before"] + 0.30, summary
     rewards = summary["rewards"]
     assert sum(rewards[-20:]) / 20 >= sum(rewards[:20]) / 20 + 0.2, rewards
+
+
+def _job(*flags, env=None, timeout=600):
+    import os
+    import subprocess
+    import sys
+
+    return subprocess.Popen([sys.executable, "-m", "dllm_trl", *flags], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})})
+
+
+@pytest.mark.parametrize("flags, env, message", [
+    (["--push_to_hub", "true", "--hub_model_id", "me/job"], {"HF_HUB_OFFLINE": "1"},
+     "error: --push_to_hub needs the Hub, but HF_HUB_OFFLINE is set"),
+    (["--push_to_hub", "true", "--hub_model_id", "me/job"], {"HF_ENDPOINT": "http://127.0.0.1:9"},
+     "error: --push_to_hub: the Hub (http://127.0.0.1:9) cannot be reached"),
+    (["--report_to", "wandb"], {}, "error: --report_to wandb: not installed; run `pip install wandb`"),
+])
+def test_the_main_job_pre_checks_fail_in_one_line_before_loading(tmp_path, flags, env, message):
+    job = _job("--output_dir", str(tmp_path / "out"), *flags, env=env)
+    output, _ = job.communicate(timeout=300)
+    assert job.returncode != 0 and output.strip().splitlines()[-1].startswith(message), output
+    assert "Traceback" not in output and "before" not in output  # nothing was loaded or evaluated
+
+
+def test_the_main_job_refuses_an_output_dir_it_cannot_write(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    job = _job("--output_dir", str(blocker / "out"))
+    output, _ = job.communicate(timeout=300)
+    assert job.returncode != 0 and f"error: --output_dir {blocker / 'out'}: cannot write there" in output, output
+
+
+def test_the_main_job_resumes_after_kill_9_to_the_same_weights(tmp_path):
+    """kill -9 after the second checkpoint, then --resume_from_checkpoint true: the final weights equal an
+    uninterrupted run's."""
+    import signal
+    import time
+
+    from safetensors.torch import load_file
+
+    common = ["--max_steps", "6", "--save_steps", "2", "--save_strategy", "steps", "--skip_eval", "--save_model",
+              "--prompts_per_step", "2", "--threads", "1"]
+    whole = _job("--output_dir", str(tmp_path / "whole"), *common)
+    assert whole.wait(timeout=600) == 0, whole.stdout.read()
+    out = tmp_path / "killed"
+    job = _job("--output_dir", str(out), *common)
+    deadline = time.time() + 600
+    while not (out / "checkpoint-4").exists() and job.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    job.send_signal(signal.SIGKILL)
+    job.wait()
+    assert job.returncode == -signal.SIGKILL and not (out / "model").exists()  # killed before the end
+    resumed = _job("--output_dir", str(out), *common, "--resume_from_checkpoint", "true")
+    output, _ = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, output
+    expected, got = load_file(tmp_path / "whole" / "model" / "model.safetensors"), load_file(out / "model" / "model.safetensors")
+    assert expected.keys() == got.keys()
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], rtol=0, atol=0, msg=name)

@@ -64,6 +64,10 @@ class MainJobArguments:
         default=False, metadata={"help": "No evaluation at all (before, during or after training)."}
     )
     save_model: bool = field(default=False, metadata={"help": "Also save the trained checkpoint to <output_dir>/model."})
+    threads: int | None = field(
+        default=None,
+        metadata={"help": "torch CPU threads; default: torch's choice (OMP_NUM_THREADS when set, else the cores)."},
+    )
 
 
 HELP = {
@@ -121,17 +125,11 @@ def main_job_parser():
 
 def parse_args(argv=None):
     """``(MainJobArguments, RLDFConfig)`` of the command line ``argv`` (default: ``sys.argv[1:]``)."""
-    _quiet_third_party_imports()
-    return main_job_parser().parse_args_and_config(argv)
-
-
-def _quiet_third_party_imports() -> None:
-    """The job runs on CPU: DeepSpeed (imported by transformers' trainer) need not probe for an accelerator and warn,
-    and bitsandbytes (imported by PEFT) need not warn that its optional CPU kernel package is missing."""
-    import logging
-
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")  # the job runs on CPU: DeepSpeed need not probe for a GPU
+    args, config = main_job_parser().parse_args_and_config(argv)
+    if args.threads is not None and args.threads < 1:
+        raise SystemExit(f"error: --threads must be ≥ 1 (got {args.threads}).")
+    return args, config
 
 
 def moving_average(values, window=10):
@@ -156,6 +154,9 @@ def _minutes(seconds: float) -> str:
 def main(argv=None) -> dict:
     start = time.perf_counter()
     args, config = parse_args(argv)
+    from .prechecks import check_run_setup
+
+    check_run_setup(config)  # before anything loads: one line, not a traceback minutes in
     import torch
 
     from .callbacks import RewardProgressBar
@@ -163,7 +164,8 @@ def main(argv=None) -> dict:
     from .toy import sudoku_generation_config, sudoku_reward
     from .trainers import RLDFTrainer
 
-    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     os.makedirs(config.output_dir, exist_ok=True)
     model, tokenizer = load_sudoku_noisy_teacher(path=args.model_name_or_path)
     held_out = sudoku_dataset("test", size=args.eval_size) if not args.skip_eval else None

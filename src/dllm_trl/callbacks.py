@@ -1,5 +1,5 @@
-"""Training callbacks: the main job's one progress bar (:class:`RewardProgressBar`), and the check that the
-``--report_to`` backends (transformers' reporting callbacks) are installed before anything loads."""
+"""Training callbacks: the main job's one progress bar (:class:`RewardProgressBar`). The checks before loading
+(``--report_to`` backends and more) are in :mod:`dllm_trl.prechecks`."""
 
 from __future__ import annotations
 
@@ -7,25 +7,6 @@ import json
 import time
 
 from transformers import TrainerCallback
-
-REPORT_PACKAGES = {"azure_ml": "azureml-core", "comet_ml": "comet-ml", "dagshub": "dagshub mlflow"}
-"""``pip install`` names of the ``--report_to`` backends not installed under their own name."""
-
-
-def check_report_backends(training_args) -> None:
-    """Stop before any model loads when a ``--report_to`` backend is not installed, naming its install command
-    (transformers would fail later, at trainer creation)."""
-    from transformers.integrations import get_available_reporting_integrations
-
-    available = set(get_available_reporting_integrations())
-    missing = [name for name in training_args.report_to if name not in available]
-    if missing:
-        packages = " ".join(REPORT_PACKAGES.get(name, name) for name in missing)
-        raise SystemExit(
-            f"error: --report_to {' '.join(missing)}: not installed; run `pip install {packages}` "
-            "or pass --report_to none."
-        )
-
 
 class RewardProgressBar(TrainerCallback):
     """One tqdm bar in place of transformers' progress bar and log printer: the mean rollout reward (moving average

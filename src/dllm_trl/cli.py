@@ -6,5 +6,6 @@ __getattr__ = moved_names(__name__, {
     **dict.fromkeys(["toy_training_defaults", "toy_rldf_config", "sudoku_rldf_config"], "dllm_trl.toy.configs"),
     **dict.fromkeys(["model_init_kwargs", "check_trainable", "load_model_and_tokenizer", "save_trained_model"],
                     "dllm_trl.models.pretrained"),
-    **dict.fromkeys(["RewardProgressBar", "check_report_backends"], "dllm_trl.callbacks"),
+    "RewardProgressBar": "dllm_trl.callbacks",
+    "check_report_backends": "dllm_trl.prechecks",
 })
