@@ -181,3 +181,15 @@ def test_accelerate_launch_single_gpu_config(tmp_path):
     launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / "single_gpu.yaml")]
     output = run_example([str(EXAMPLES / "rldf_math.py"), "--max_steps", "1"], tmp_path, launcher)
     assert len(logged_rewards(output)) == 1
+
+
+@pytest.mark.parametrize("script", ["rldf_math.py", "dppo_mask_math.py"])
+def test_examples_checkpoint_and_resume(tmp_path, script):
+    """--save_steps writes checkpoints; --resume_from_checkpoint true continues from the newest (one more step here),
+    it does not start again."""
+    flags = [str(EXAMPLES / script), "--output_dir", "run", "--save_strategy", "steps", "--save_steps", "1"]
+    run_example(flags, tmp_path)
+    assert {p.name for p in (tmp_path / "run").iterdir()} >= {"checkpoint-1", "checkpoint-2"}
+    output = run_example(flags + ["--max_steps", "3", "--resume_from_checkpoint", "true"], tmp_path)
+    assert (tmp_path / "run" / "checkpoint-3").is_dir()
+    assert len(re.findall(r"^\{'loss': '", output, flags=re.M)) == 1, output[-3000:]  # step 3 only
