@@ -18,8 +18,9 @@ _EXPORTS = {
     ),
     **dict.fromkeys(["align_prompt", "block_causal_mask"], "block_attention"),
     **dict.fromkeys(
-        ["LLADA_KEY_MAPPING", "checkpoint_family", "dream_to_qwen2_config", "fast_dllm_v2_to_qwen2_config",
-         "llada_to_llama_config", "load_diffusion_model", "read_raw_config", "sdar_to_qwen3_config"],
+        ["LLADA2_KEY_MAPPING", "LLADA_KEY_MAPPING", "checkpoint_family", "dream_to_qwen2_config", "fast_dllm_v2_to_qwen2_config",
+         "llada2_state_dict", "llada2_to_glm4_moe_config", "llada_to_llama_config", "load_diffusion_model",
+         "read_raw_config", "sdar_to_qwen3_config"],
         "loading",
     ),
     **dict.fromkeys(
@@ -48,10 +49,13 @@ if TYPE_CHECKING:
     )
     from .block_attention import align_prompt, block_causal_mask
     from .loading import (
+        LLADA2_KEY_MAPPING,
         LLADA_KEY_MAPPING,
         checkpoint_family,
         dream_to_qwen2_config,
         fast_dllm_v2_to_qwen2_config,
+        llada2_state_dict,
+        llada2_to_glm4_moe_config,
         llada_to_llama_config,
         load_diffusion_model,
         read_raw_config,
