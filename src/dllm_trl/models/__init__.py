@@ -24,8 +24,9 @@ _EXPORTS = {
         "loading",
     ),
     **dict.fromkeys(
-        ["DREAM_7B_SHAPE", "LLADA_8B_SHAPE", "SDAR_8B_SHAPE", "build_tiny_dream", "build_tiny_fast_dllm_v2",
-         "build_tiny_llada", "build_tiny_sdar", "tiny_dream_config", "tiny_llada_config", "tiny_sdar_config"],
+        ["DREAM_7B_SHAPE", "LLADA2_MINI_SHAPE", "LLADA_8B_SHAPE", "SDAR_8B_SHAPE", "build_tiny_dream",
+         "build_tiny_fast_dllm_v2", "build_tiny_llada", "build_tiny_llada2", "build_tiny_sdar", "tiny_dream_config",
+         "tiny_llada2_config", "tiny_llada_config", "tiny_sdar_config"],
         "tiny",
     ),
     **dict.fromkeys(
@@ -64,13 +65,16 @@ if TYPE_CHECKING:
     from .scoring import completion_logits, completion_token_logps, selective_log_softmax, token_logps_at
     from .tiny import (
         DREAM_7B_SHAPE,
+        LLADA2_MINI_SHAPE,
         LLADA_8B_SHAPE,
         SDAR_8B_SHAPE,
         build_tiny_dream,
         build_tiny_fast_dllm_v2,
         build_tiny_llada,
+        build_tiny_llada2,
         build_tiny_sdar,
         tiny_dream_config,
+        tiny_llada2_config,
         tiny_llada_config,
         tiny_sdar_config,
     )
