@@ -33,11 +33,15 @@ from train_step import PeakMemory
 
 SMALL = dict(hidden_size=256, intermediate_size=768, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              head_dim=64)
+SMALL_LLADA2 = dict(SMALL, moe_intermediate_size=128, n_routed_experts=8, num_experts_per_tok=2, n_group=4,
+                    topk_group=2)
+SHAPES = ("small", "sdar-8b", "small-llada2", "llada2-mini")
+"""``*llada2*``: LLaDA2's MoE on ``Glm4MoeForCausalLM`` (LLaDA2.0-mini: 16B, 256 experts, 8 + 1 shared active)."""
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shape", choices=["small", "sdar-8b"], default="small")
+    parser.add_argument("--shape", choices=SHAPES, default="small")
     parser.add_argument("--vocab", type=int, default=None, help="Override the shape's vocabulary size.")
     parser.add_argument("--block-size", type=int, default=4, help="Attention block of the model (SDAR's RL runs: 4).")
     parser.add_argument("--gen-length", type=int, default=256)
@@ -60,22 +64,31 @@ def parse_args(argv=None):
     return args
 
 
+def layout(args) -> str:
+    return "LLaDA2 (Glm4Moe) layout" if "llada2" in args.shape else "SDAR layout"
+
+
 def build_model(args):
-    """A random SDAR-shaped block-diffusion model, created directly on ``args.device`` in ``args.dtype``."""
-    from transformers import Qwen3ForCausalLM
+    """A random SDAR- or LLaDA2-shaped block-diffusion model, created directly on ``args.device`` in ``args.dtype``."""
+    from transformers import Glm4MoeForCausalLM, Qwen3ForCausalLM
 
     from dllm_trl.models import set_diffusion_properties
-    from dllm_trl.testing import SDAR_8B_SHAPE, tiny_sdar_config
+    from dllm_trl.testing import LLADA2_MINI_SHAPE, SDAR_8B_SHAPE, tiny_llada2_config, tiny_sdar_config
 
-    shape = dict(SDAR_8B_SHAPE, **(SMALL if args.shape == "small" else {}))
+    if "llada2" in args.shape:
+        shape = dict(LLADA2_MINI_SHAPE, **(SMALL_LLADA2 if args.shape == "small-llada2" else {}))
+        model_class, make_config = Glm4MoeForCausalLM, tiny_llada2_config
+    else:
+        shape = dict(SDAR_8B_SHAPE, **(SMALL if args.shape == "small" else {}))
+        model_class, make_config = Qwen3ForCausalLM, tiny_sdar_config
     if args.vocab is not None:
         shape.update(vocab_size=args.vocab, mask_token_id=args.vocab - 1, eos_token_id=args.vocab - 2)
     mask_id = shape.pop("mask_token_id")
-    config = tiny_sdar_config(**shape)
+    config = make_config(**shape)
     config._attn_implementation = "sdpa"
     torch.manual_seed(args.seed)
     with torch.device(args.device), rollout.default_dtype(rollout.DTYPES[args.dtype]):
-        model = Qwen3ForCausalLM(config)
+        model = model_class(config)
     model.eval().requires_grad_(False)
     model = set_diffusion_properties(model, mask_token_id=mask_id, sampling="categorical", block_size=args.block_size)
     if args.logit_std:
@@ -102,7 +115,7 @@ def rollout_table(model, args, batch: int, modes, title="Block-diffusion rollout
     """tokens/s of each (unmasking, cache) mode at ``batch``, rows printed as they are measured; "× no cache" and
     "= no-cache tokens" need the ``none`` cache of the same unmasking earlier in ``modes``."""
     config = model.config
-    print(f"\n### {title}: SDAR layout {args.shape} (d {config.hidden_size}, {config.num_hidden_layers} layers, vocab "
+    print(f"\n### {title}: {layout(args)} {args.shape} (d {config.hidden_size}, {config.num_hidden_layers} layers, vocab "
           f"{config.vocab_size}), {args.dtype}, {rollout.device_name(args.device)}\nbatch {batch}, prompt "
           f"{args.prompt_length}, gen {args.gen_length}, attention/decoding block {args.block_size}, threshold "
           f"{args.threshold}, static {args.gen_length // 2} steps, greedy, logit std {args.logit_std}, median of "
@@ -224,7 +237,7 @@ def update_table(model, args, ks, title="RLDF update on a block model"):
     advantages = torch.randn(rows, device=args.device, generator=torch.Generator(args.device).manual_seed(1))
     generator = torch.Generator(device=args.device).manual_seed(0)
     unit = "GPU peak MiB" if torch.device(args.device).type == "cuda" else "peak RSS growth MiB"
-    print(f"\n### {title}: SDAR layout {args.shape}, {args.dtype}{', LoRA + gradient checkpointing' if args.lora else ''}"
+    print(f"\n### {title}: {layout(args)} {args.shape}, {args.dtype}{', LoRA + gradient checkpointing' if args.lora else ''}"
           f", {rollout.device_name(args.device)}\n{rows} rows ({args.prompts} prompts × {args.generations}), prompt "
           f"{args.prompt_length}, gen {args.gen_length}, block {args.block_size}, {steps_total} decoding steps (mean "
           f"{out.num_steps.float().mean():.0f}/row); π_old pass + loss forward/backward (REINFORCE, c = 0.2), median "

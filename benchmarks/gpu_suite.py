@@ -20,6 +20,9 @@ Stages:
   at batch 8, gen 256, dynamic 0.9, exact block cache against no cache; then the RLDF update with LoRA r16 and
   gradient checkpointing, the k sampled states of each completion packed into one forward against one forward per
   state, at k = 16 and 4 (8 rows).
+* ``llada2``: a LLaDA2.0-mini-shaped MoE block model (``Glm4MoeForCausalLM``, 16B, 256 experts, blocks of 32): the
+  rollout at batch 8, gen 256, dynamic 0.9, exact block cache against no cache, peak memory; then one RLDF update
+  (LoRA r16 on attention and the dense / shared-expert MLPs, gradient checkpointing, k = 4, packed vs per state).
 """
 
 from __future__ import annotations
@@ -391,6 +394,23 @@ def stage_block(kind: str):
     block_diffusion.update_table(block_diffusion.enable_lora(model), args, [16, 4])
 
 
+def stage_llada2(kind: str):
+    """The LLaDA2.0-mini shape: rollout exact block cache vs none at batch 8, then one RLDF update with LoRA."""
+    import block_diffusion
+
+    gpu = kind == GPU
+    shape = ["--shape", "llada2-mini", "--device", "cuda", "--block-size", "32"] if gpu else [
+        "--shape", "small-llada2", "--device", "cpu", "--vocab", "2000", "--prompt-length", "16", "--gen-length",
+        "32", "--block-size", "8", "--threads", "1"]
+    args = block_diffusion.parse_args(shape + ["--prompts", "2", "--generations", "2", "--lora"])
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model = block_diffusion.build_model(args)
+    block_diffusion.rollout_table(model, args, 8 if gpu else 2, [("dynamic", "none"), ("dynamic", "dual")],
+                                  "LLaDA2 rollout (LLaDA2.0-mini shape)" if gpu else "LLaDA2 rollout")
+    block_diffusion.update_table(block_diffusion.enable_lora(model), args, [4])
+
+
 STAGES = {
     "rollout-llada": lambda kind: stage_rollout(kind, "llada"),
     "rollout-dream": lambda kind: stage_rollout(kind, "dream"),
@@ -399,6 +419,7 @@ STAGES = {
     "fastdllm": stage_fastdllm,
     "dppo": stage_dppo,
     "block": stage_block,
+    "llada2": stage_llada2,
 }
 
 

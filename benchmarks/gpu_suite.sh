@@ -59,5 +59,6 @@ stage block         $((60 * scale))
 stage qlora         $((70 * scale))
 stage rollout-dream $((60 * scale))
 stage dppo          $((30 * scale))
+stage llada2        $((120 * scale))
 echo -e "\n_suite: $(( $(date +%s) - SUITE_START ))s_" >>"$REPORT"
 cat "$REPORT"

@@ -9,6 +9,7 @@ from .._console import warn_once
 CACHE_MODES = ("none", "prefix", "dual")
 UNMASKING_MODES = ("dynamic", "static")
 SAMPLING_STYLES = ("gumbel", "categorical")
+REFERENCE_DECODERS = ("llada2",)
 
 
 @dataclass
@@ -56,6 +57,14 @@ class DiffusionGenerationConfig:
         seed (`int` or `None`, defaults to `None`):
             Seed of a local `torch.Generator` (global RNG state is never touched). `None` draws from the
             global generator.
+        reference_decoder (`str` or `None`, defaults to `None`):
+            Reproduce a model family's own decoder. `"llada2"`: LLaDA2's `generate` (its defaults `steps =
+            block_length`, greedy: token for token): blocks count from each prompt's first token, so the prompt's
+            last block is shared with the first decoded tokens (the default pads the prompt to a block boundary
+            instead), a position commits when its confidence is strictly above `threshold` (else the most confident
+            one), and the last block is decoded whole. Needs a block-diffusion model with `block_length` = its
+            block, dynamic unmasking, and a batch whose prompt lengths agree modulo the block. For evaluation: the
+            training forward aligns prompts to a block boundary, so the trainers refuse it.
     """
 
     gen_length: int = field(default=256, metadata={"help": "Completion positions appended as mask tokens."})
@@ -72,6 +81,9 @@ class DiffusionGenerationConfig:
     record_topk: int = field(default=0, metadata={"help": "Record top-K ids/log-probs per committed token (0 = off)."})
     stop_at_eos: bool = field(default=True, metadata={"help": "Stop once every row has an EOS in decoded blocks."})
     seed: int | None = field(default=None, metadata={"help": "Seed of a local torch.Generator."})
+    reference_decoder: str | None = field(
+        default=None, metadata={"help": "None, or 'llada2': reproduce LLaDA2's own generate (evaluation only)."}
+    )
 
     def __post_init__(self):
         if self.gen_length <= 0:
@@ -113,6 +125,13 @@ class DiffusionGenerationConfig:
             raise ValueError(f"cache={self.cache!r}: expected one of {CACHE_MODES}.")
         if self.record_topk < 0:
             raise ValueError(f"record_topk={self.record_topk} must be ≥ 0.")
+        if self.reference_decoder is not None:
+            if self.reference_decoder not in REFERENCE_DECODERS:
+                raise ValueError(f"reference_decoder={self.reference_decoder!r}: expected one of {REFERENCE_DECODERS} "
+                                 "or None.")
+            if self.unmasking != "dynamic":
+                raise ValueError(f"reference_decoder={self.reference_decoder!r} decodes with its threshold rule: "
+                                 "use unmasking='dynamic'.")
 
     @property
     def num_blocks(self) -> int:

@@ -265,6 +265,11 @@ class _BlockCalls:
 def check_block_decoding(cfg: DiffusionGenerationConfig, block_size: int | None) -> None:
     """Refuse settings a block-diffusion model (attention blocks of ``block_size``; ``None``: bidirectional) cannot
     decode with."""
+    if cfg.reference_decoder is not None and (block_size is None or cfg.block_length != block_size):
+        raise ValueError(
+            f"reference_decoder={cfg.reference_decoder!r} decodes a block-diffusion model's attention blocks whole: "
+            f"use it on a block-diffusion model with block_length = config.diffusion_block_size ({block_size})."
+        )
     if block_size is None:
         return
     if cfg.gen_length % block_size != 0:
@@ -329,19 +334,35 @@ def diffusion_generate(
         generator = torch.Generator(device=device).manual_seed(cfg.seed)
 
     prompt_mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
-    # A block model's completion starts on an attention-block boundary: left padding (hidden by the key mask).
-    input_ids, prompt_mask = align_prompt(input_ids, prompt_mask, attention_block, mask_id)
+    reference = cfg.reference_decoder is not None
+    if reference and shift:
+        raise ValueError(f"reference_decoder={cfg.reference_decoder!r} is LLaDA2's decoder, for a model without a logit "
+                         "shift (config.diffusion_logit_shift is True here).")
+    if reference:
+        # Blocks count from each row's first prompt token: rows may differ by whole blocks of left padding only.
+        if ((given_prompt_len - prompt_mask.sum(1)) % attention_block).any():
+            raise ValueError(
+                f"reference_decoder={cfg.reference_decoder!r} counts blocks from each prompt's first token, so the "
+                f"prompt lengths of a batch must agree modulo the block ({attention_block}); decode such rows apart."
+            )
+    else:
+        # A block model's completion starts on an attention-block boundary: left padding (hidden by the key mask).
+        input_ids, prompt_mask = align_prompt(input_ids, prompt_mask, attention_block, mask_id)
     pad = input_ids.shape[1] - given_prompt_len
     prompt_len = input_ids.shape[1]
-    total = prompt_len + gen
+    # The reference decoder decodes its last attention block whole; positions past gen_length are then dropped.
+    decoded = -(-(prompt_len + gen) // attention_block) * attention_block - prompt_len if reference else gen
+    total = prompt_len + decoded
+    first_cut = (prompt_len // block + 1) * block if reference else prompt_len + block
+    cuts = [prompt_len, *range(first_cut, total, block), total]
     cfg.check_positions(prompt_len, getattr(config, "max_position_embeddings", None))
-    key_mask = torch.cat([prompt_mask, torch.ones(batch, gen, dtype=torch.bool, device=device)], dim=1)
-    canvas = torch.cat([input_ids, torch.full((batch, gen), mask_id, dtype=input_ids.dtype, device=device)], dim=1)
-    commit_step = torch.full((batch, gen), NEVER_COMMITTED, dtype=torch.long, device=device)
-    commit_prob = torch.zeros(batch, gen, dtype=torch.float32, device=device)
+    key_mask = torch.cat([prompt_mask, torch.ones(batch, decoded, dtype=torch.bool, device=device)], dim=1)
+    canvas = torch.cat([input_ids, torch.full((batch, decoded), mask_id, dtype=input_ids.dtype, device=device)], dim=1)
+    commit_step = torch.full((batch, decoded), NEVER_COMMITTED, dtype=torch.long, device=device)
+    commit_prob = torch.zeros(batch, decoded, dtype=torch.float32, device=device)
     topk = cfg.record_topk
-    topk_ids = torch.zeros(batch, gen, topk, dtype=torch.long, device=device) if topk else None
-    topk_logps = torch.full((batch, gen, topk), float("-inf"), device=device) if topk else None
+    topk_ids = torch.zeros(batch, decoded, topk, dtype=torch.long, device=device) if topk else None
+    topk_logps = torch.full((batch, decoded, topk), float("-inf"), device=device) if topk else None
     mask_dtype = attention_mask_dtype(model)
     if attention_block is None:
         calls = _CanvasCalls(model, key_mask, cfg.cache, shift, mask_dtype, config.num_hidden_layers)
@@ -352,9 +373,8 @@ def diffusion_generate(
     schedule = static_schedule(block, steps_per_block) if cfg.unmasking == "static" else None
     step, nfe = 0, 0
 
-    for block_index in range(cfg.num_blocks):
-        start = prompt_len + block_index * block
-        end = start + block
+    for block_index, (start, end) in enumerate(zip(cuts[:-1], cuts[1:])):
+        width = end - start  # the block, or the reference decoder's part of one after the prompt
         calls.start_block(start, end)
         step_in_block = 0
         while True:
@@ -362,7 +382,7 @@ def diffusion_generate(
             rows, columns = block_masked.nonzero(as_tuple=True)  # one host sync per step
             if rows.numel() == 0 or (schedule is not None and step_in_block == len(schedule)):
                 break
-            if step_in_block == block:  # every step commits ≥ 1 token, so this would loop forever
+            if step_in_block == width:  # every step commits ≥ 1 token, so this would loop forever
                 raise RuntimeError(f"block {block_index} still has masks after {block} steps: no token was committed.")
             if step_callback is not None:
                 step_callback(step, canvas[:, pad:])
@@ -374,9 +394,9 @@ def diffusion_generate(
                 logits, mask_id, cfg.temperature, cfg.top_p, cfg.top_k, sampling, generator, with_log_probs=topk > 0,
                 min_p=cfg.min_p,
             )
-            score = torch.full((batch, block), -1.0, device=device).index_put_((rows, columns), confidence)
+            score = torch.full((batch, width), -1.0, device=device).index_put_((rows, columns), confidence)
             if schedule is None:
-                commit = block_masked & (score >= cfg.threshold)
+                commit = block_masked & ((score > cfg.threshold) if reference else (score >= cfg.threshold))
                 best = torch.zeros_like(commit).scatter_(1, score.argmax(1, keepdim=True), True)
                 commit |= best & block_masked & ~commit.any(1, keepdim=True)
             else:
@@ -386,7 +406,7 @@ def diffusion_generate(
             drawn = torch.zeros_like(block_masked, dtype=canvas.dtype).index_put_((rows, columns), candidate)
             canvas[:, start:end] = torch.where(commit, drawn, canvas[:, start:end])
             offset = start - prompt_len
-            span = slice(offset, offset + block)  # the block in completion coordinates
+            span = slice(offset, offset + width)  # the block in completion coordinates
             commit_step[:, span] = torch.where(commit, step, commit_step[:, span])
             commit_prob[:, span] = torch.where(commit, score, commit_prob[:, span])
             if topk:
@@ -398,11 +418,14 @@ def diffusion_generate(
             step += 1
             step_in_block += 1
 
-        if cfg.stop_at_eos and block_index + 1 < cfg.num_blocks:
+        if cfg.stop_at_eos and end < total:
             if torch.isin(canvas[:, prompt_len:end], eos_tensor).any(1).all():
                 canvas[:, end:] = eos_ids[0]
                 break
 
+    canvas, commit_step, commit_prob = canvas[:, : prompt_len + gen], commit_step[:, :gen], commit_prob[:, :gen]
+    if topk:
+        topk_ids, topk_logps = topk_ids[:, :gen], topk_logps[:, :gen]
     completion = canvas[:, prompt_len:]
     is_eos = torch.isin(completion, eos_tensor)
     first_eos = torch.where(is_eos.any(1), is_eos.int().argmax(1), gen)

@@ -18,8 +18,15 @@ class MaskedDiffusionSampler:
         self.config = config
 
     def check_model(self, model) -> None:
-        """Refuse settings the model cannot decode with (e.g. a block-diffusion model's block size)."""
+        """Refuse settings the model cannot decode with (e.g. a block-diffusion model's block size), and a
+        ``reference_decoder``, whose prompt alignment the training forward does not share."""
         check_block_decoding(self.config, diffusion_block_size(model))
+        if self.config.reference_decoder is not None:
+            raise ValueError(
+                f"reference_decoder={self.config.reference_decoder!r} reproduces the family's own decoding for "
+                "evaluation: its first block starts inside the prompt, while the training forward pads every prompt to "
+                "a block boundary, so its trajectory is not the training forward's. Train with reference_decoder=None."
+            )
 
     def __call__(self, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                  generator: torch.Generator | None = None) -> DiffusionGenerationOutput:

@@ -33,8 +33,9 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 _lazy_getattr, __dir__ = lazy_exports(__name__, _EXPORTS)
 __getattr__ = moved_names(__name__, dict.fromkeys(
-    ["DREAM_7B_SHAPE", "LLADA_8B_SHAPE", "SDAR_8B_SHAPE", "build_tiny_dream", "build_tiny_fast_dllm_v2", "build_tiny_llada",
-     "build_tiny_sdar", "tiny_dream_config", "tiny_llada_config", "tiny_sdar_config"], "dllm_trl.testing"),
+    ["DREAM_7B_SHAPE", "LLADA2_MINI_SHAPE", "LLADA_8B_SHAPE", "SDAR_8B_SHAPE", "build_tiny_dream", "build_tiny_fast_dllm_v2",
+     "build_tiny_llada", "build_tiny_llada2", "build_tiny_sdar", "tiny_dream_config", "tiny_llada2_config",
+     "tiny_llada_config", "tiny_sdar_config"], "dllm_trl.testing"),
     fallback=_lazy_getattr)
 
 if TYPE_CHECKING:

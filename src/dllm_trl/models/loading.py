@@ -1,11 +1,13 @@
-"""Load LLaDA-, Dream-, SDAR-, Fast-dLLM-v2- and plain causal-LM checkpoints as transformers models running as
-diffusion LMs (SPEC §4, §7).
+"""Load LLaDA-, Dream-, SDAR-, Fast-dLLM-v2-, LLaDA2- and plain causal-LM checkpoints as transformers models running
+as diffusion LMs (SPEC §4, §7, §8).
 
 No ``trust_remote_code``: LLaDA checkpoints map onto ``LlamaForCausalLM`` (config keys translated, weights
 renamed at load time through ``from_pretrained(key_mapping=...)``), Dream checkpoints onto
 ``Qwen2ForCausalLM`` (weights unchanged). The block-diffusion families keep their base model's weight names:
 SDAR / TraDo (``model_type: "sdar"``, Qwen3 layout) load onto ``Qwen3ForCausalLM``, Fast-dLLM v2
-(``model_type: "Fast_dLLM_Qwen"``, Qwen2.5 layout) onto ``Qwen2ForCausalLM``, both block-causal. Everything
+(``model_type: "Fast_dLLM_Qwen"``, Qwen2.5 layout) onto ``Qwen2ForCausalLM``, both block-causal. LLaDA2.0 / 2.1
+(``model_type: "llada2_moe"``, MoE) load onto ``Glm4MoeForCausalLM``, block-causal, through a state dict renamed and
+split from the checkpoint's safetensors files (:func:`llada2_state_dict`). Everything
 ``from_pretrained`` accepts (``dtype``, ``device_map``, ``quantization_config``, ``attn_implementation`` …) passes
 through.
 """
@@ -14,10 +16,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
+from contextlib import ExitStack
 
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
+    Glm4MoeConfig,
+    Glm4MoeForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
     Qwen2Config,
@@ -52,7 +58,10 @@ SDAR_MASK_TOKEN_ID = 151669
 """``<|MASK|>`` of the SDAR / TraDo tokenizer (the public sampling code's ``mask_token_id``); not in their config."""
 FAST_DLLM_V2_MASK_TOKEN_ID = 151665
 """``|<MASK>|`` of the Fast-dLLM v2 tokenizer (the default of its ``generate``), unless the config says otherwise."""
-BLOCK_FAMILIES = ("sdar", "fast_dllm_v2")
+LLADA2_DEFAULTS = {"mask_token_id": 156895, "eos_token_id": 156892, "block_size": 32}
+"""LLaDA2.0 / 2.1: the defaults of the official ``generate`` (``mask_id``, ``eos_id``, ``block_length``); not in the
+config, which has only ``pad_token_id`` (= EOS)."""
+BLOCK_FAMILIES = ("sdar", "fast_dllm_v2", "llada2")
 REMOTE_CODE_KEYS = ("architectures", "auto_map", "model_type", "transformers_version", "bd_size", "fuse_cross_entropy")
 """Keys of the official configs that only their remote code reads (``bd_size``: Fast-dLLM v2's training block)."""
 
@@ -80,10 +89,12 @@ def read_raw_config(name_or_path: str, **hub_kwargs) -> dict:
 
 
 def checkpoint_family(raw: dict) -> str:
-    """``"llada"``, ``"dream"``, ``"sdar"``, ``"fast_dllm_v2"`` or ``"causal"`` from the config's model type /
-    architectures."""
+    """``"llada"``, ``"dream"``, ``"sdar"``, ``"fast_dllm_v2"``, ``"llada2"`` or ``"causal"`` from the config's model
+    type / architectures."""
     model_type = str(raw.get("model_type", "")).lower()
     architectures = [a.lower() for a in raw.get("architectures") or []]
+    if model_type.startswith("llada2") or any(a.startswith("llada2") for a in architectures):
+        return "llada2"
     if model_type == "llada" or any(a.startswith("llada") for a in architectures):
         return "llada"
     if model_type == "dream" or any(a.startswith("dream") for a in architectures):
@@ -98,6 +109,121 @@ def checkpoint_family(raw: dict) -> str:
     if model_type == "fast_dllm_qwen" or any(a.startswith("fast_dllm_qwen") for a in architectures):
         return "fast_dllm_v2"
     return "causal"
+
+
+# LLaDA2 (``LLaDA2MoeModelLM``) weight names -> Glm4Moe names. Regex patterns, mutually exclusive; the per-expert
+# ``mlp.experts.E.{gate,up,down}_proj`` keep their names (transformers' own glm4_moe conversion fuses them) and the
+# fused ``attention.query_key_value`` is split by :func:`llada2_state_dict`.
+LLADA2_KEY_MAPPING = {
+    r"^model\.word_embeddings\.": "model.embed_tokens.",
+    r"^model\.layers\.(\d+)\.attention\.query_layernorm\.": r"model.layers.\1.self_attn.q_norm.",
+    r"^model\.layers\.(\d+)\.attention\.key_layernorm\.": r"model.layers.\1.self_attn.k_norm.",
+    r"^model\.layers\.(\d+)\.attention\.dense\.": r"model.layers.\1.self_attn.o_proj.",
+    r"^model\.layers\.(\d+)\.mlp\.gate\.expert_bias$": r"model.layers.\1.mlp.gate.e_score_correction_bias",
+}
+_LLADA2_QKV = re.compile(r"^model\.layers\.(\d+)\.attention\.query_key_value\.(weight|bias)$")
+LLADA2_REMOTE_CODE_KEYS = REMOTE_CODE_KEYS + (
+    "dtype", "torch_dtype", "embedding_dropout", "output_dropout", "output_router_logits", "max_window_layers",
+    "norm_head", "norm_softmax", "use_rmsnorm", "rotary_dim", "router_dtype", "score_function",
+    "moe_router_enable_expert_bias", "use_bias", "use_qkv_bias", "num_experts", "num_shared_experts",
+    "partial_rotary_factor", "rope_theta", "rope_scaling", "norm_topk_prob", "use_cache", "mask_token_id",
+    "use_qk_norm",
+)
+"""Keys of the official LLaDA2 config that are translated (``num_experts`` …), checked (``score_function`` …) or
+read only by the remote code (dropouts of 0, ``router_dtype``: Glm4Moe routes in float32 too)."""
+
+
+def llada2_to_glm4_moe_config(raw: dict) -> Glm4MoeConfig:
+    """Translate an official LLaDA2.0 / 2.1 ``config.json`` (``model_type: "llada2_moe"``) into a ``Glm4MoeConfig``
+    (SPEC §8): ``num_experts`` → ``n_routed_experts``, ``num_shared_experts`` → ``n_shared_experts``,
+    ``use_qkv_bias`` → ``attention_bias``, RoPE fields → ``rope_parameters`` (partial rotary factor included)."""
+    missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_experts", "vocab_size")
+               if k not in raw]
+    if missing:
+        raise ValueError(f"LLaDA2 config is missing {missing}; is this an official LLaDA2.0 / 2.1 checkpoint?")
+    refusals = {
+        "score_function": (raw.get("score_function", "sigmoid") != "sigmoid",
+                           "only the sigmoid router maps onto Glm4Moe"),
+        "use_bias": (bool(raw.get("use_bias")), "Glm4Moe's o_proj has no bias"),
+        "norm_topk_prob": (raw.get("norm_topk_prob", True) is False and raw.get("num_experts_per_tok", 1) > 1,
+                           "the official router renormalises the chosen experts' scores whatever this key says"),
+        "rope_scaling": (bool(raw.get("rope_scaling")), "the released checkpoints use plain RoPE; scaled RoPE is not "
+                         "checked against the official code here"),
+        "norm_head": (bool(raw.get("norm_head")), "a normalised LM head has no Glm4Moe counterpart"),
+    }
+    for key, (refused, why) in refusals.items():
+        if refused:
+            raise ValueError(f"LLaDA2 config has {key}={raw[key]!r}, which is not supported: {why}.")
+    keys = {k: v for k, v in raw.items() if k not in LLADA2_REMOTE_CODE_KEYS}
+    heads = raw["num_attention_heads"]
+    keys.setdefault("head_dim", raw["hidden_size"] // heads)
+    keys.setdefault("eos_token_id", raw.get("pad_token_id", LLADA2_DEFAULTS["eos_token_id"]))
+    return Glm4MoeConfig(
+        **keys,
+        n_routed_experts=raw["num_experts"],
+        n_shared_experts=raw.get("num_shared_experts") or 0,
+        attention_bias=bool(raw.get("use_qkv_bias", False)),
+        use_qk_norm=bool(raw.get("use_qk_norm", True)),
+        norm_topk_prob=True,
+        rope_parameters={"rope_type": "default", "rope_theta": float(raw.get("rope_theta", 600000.0)),
+                         "partial_rotary_factor": float(raw.get("partial_rotary_factor", 0.5))},
+        num_nextn_predict_layers=0,
+        dtype=raw.get("dtype") or raw.get("torch_dtype"),  # what ``dtype="auto"`` loads in
+    )
+
+
+def _safetensors_files(name_or_path: str, **hub_kwargs) -> list[str]:
+    """The checkpoint's safetensors files (one, or the shards its index names), local or from the Hub cache."""
+    def resolve(filename):
+        if os.path.isdir(name_or_path):
+            path = os.path.join(name_or_path, filename)
+            return path if os.path.isfile(path) else None
+        return cached_file(name_or_path, filename, _raise_exceptions_for_missing_entries=False, **hub_kwargs)
+
+    index = resolve("model.safetensors.index.json")
+    if index is not None:
+        with open(index) as f:
+            shards = sorted(set(json.load(f)["weight_map"].values()))
+        return [resolve(shard) for shard in shards]
+    single = resolve("model.safetensors")
+    if single is None:
+        raise FileNotFoundError(
+            f"{name_or_path!r} has no model.safetensors(.index.json): LLaDA2 checkpoints load from safetensors."
+        )
+    return [single]
+
+
+def llada2_state_dict(name_or_path: str, config: Glm4MoeConfig, files: ExitStack, **hub_kwargs) -> dict:
+    """The checkpoint's tensors under Glm4Moe's names, lazily: every tensor is a safetensors slice read when
+    ``from_pretrained`` places it (the files stay open in ``files``), except the fused ``query_key_value`` weight
+    and bias, read now and split into ``q_proj`` / ``k_proj`` / ``v_proj`` rows ``[H·d, KV·d, KV·d]``.
+
+    transformers (pinned 5.17) has no conversion op that splits one tensor into unequal parts, so the split
+    happens here, before ``from_pretrained`` sees the keys; its own glm4_moe conversion then fuses the per-expert
+    weights as it does for GLM-4.5 checkpoints.
+    """
+    from safetensors import safe_open
+
+    q_rows = config.num_attention_heads * config.head_dim
+    kv_rows = config.num_key_value_heads * config.head_dim
+    state = {}
+    for path in _safetensors_files(name_or_path, **hub_kwargs):
+        handle = files.enter_context(safe_open(path, framework="pt"))
+        for key in handle.keys():
+            fused = _LLADA2_QKV.match(key)
+            if fused:
+                layer, kind = fused.groups()
+                q, k, v = handle.get_tensor(key).split([q_rows, kv_rows, kv_rows], dim=0)
+                for name, part in (("q_proj", q), ("k_proj", k), ("v_proj", v)):
+                    state[f"model.layers.{layer}.self_attn.{name}.{kind}"] = part.contiguous()
+                continue
+            name = key
+            for pattern, replacement in LLADA2_KEY_MAPPING.items():
+                name, hits = re.subn(pattern, replacement, name)
+                if hits:
+                    break
+            state[name] = handle.get_slice(key)
+    return state
 
 
 def llada_to_llama_config(raw: dict) -> LlamaConfig:
@@ -178,6 +304,8 @@ def _block_size(family: str, raw: dict, block_size: int | None, name_or_path: st
         return block_size
     if family == "fast_dllm_v2":
         return int(raw.get("bd_size", 32))
+    if family == "llada2":
+        return LLADA2_DEFAULTS["block_size"]
     raise ValueError(
         f"{name_or_path!r} is an SDAR / TraDo checkpoint: its block size is a run setting of the public code, not a "
         "config key. Pass `block_size=`: the block size the checkpoint was trained with (SDAR's and TraDo's public RL "
@@ -223,6 +351,9 @@ def load_diffusion_model(
     * Fast-dLLM v2 checkpoints -> ``Qwen2ForCausalLM``, block-causal with blocks of ``block_size`` (default: the
       config's ``bd_size``), logits shifted right by one, mask token 151665 unless the config or
       ``mask_token_id`` says otherwise.
+    * LLaDA2.0 / 2.1 checkpoints -> ``Glm4MoeForCausalLM``, block-causal with blocks of 32 (``block_size``
+      overrides), mask token 156895 and EOS 156892 (the official ``generate``'s) unless ``mask_token_id`` / the
+      config say otherwise; safetensors only.
     * Any other causal-LM checkpoint, when ``mask_token_id`` is given (or already on its config, e.g. a
       checkpoint saved by this function, whose block size, if any, is on its config too; ``block_size`` makes any
       checkpoint block-causal).
@@ -256,6 +387,16 @@ def load_diffusion_model(
         block_size = _block_size(family, raw, block_size, name_or_path)
         model = Qwen3ForCausalLM.from_pretrained(name_or_path, config=sdar_to_qwen3_config(raw), **from_pretrained_kwargs)
         defaults = {"mask": raw.get("mask_token_id", SDAR_MASK_TOKEN_ID), "shift": False, "sampling": "categorical"}
+    elif family == "llada2":
+        block_size = _block_size(family, raw, block_size, name_or_path)
+        config = llada2_to_glm4_moe_config(raw)
+        with ExitStack() as files:
+            state_dict = llada2_state_dict(name_or_path, config, files, **hub_kwargs)
+            model = Glm4MoeForCausalLM.from_pretrained(
+                None, config=config, state_dict=state_dict, **from_pretrained_kwargs
+            )
+        defaults = {"mask": raw.get("mask_token_id", LLADA2_DEFAULTS["mask_token_id"]), "shift": False,
+                    "sampling": "categorical"}
     elif family == "fast_dllm_v2":
         block_size = _block_size(family, raw, block_size, name_or_path)
         config = fast_dllm_v2_to_qwen2_config(raw)

@@ -4,7 +4,16 @@ the published 8B shapes the benchmarks build at full size on a GPU."""
 from __future__ import annotations
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import (
+    Glm4MoeConfig,
+    Glm4MoeForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 from ..models.bidirectional import set_diffusion_properties
 
@@ -23,6 +32,13 @@ SDAR_8B_SHAPE = dict(
     eos_token_id=151643,
 )
 """SDAR-8B / TraDo-8B = Qwen3-8B's shape (GQA 32/8, head dim 128, per-head q/k norms, untied head)."""
+LLADA2_MINI_SHAPE = dict(
+    vocab_size=157184, hidden_size=2048, intermediate_size=5120, num_hidden_layers=20, num_attention_heads=16,
+    num_key_value_heads=4, head_dim=128, moe_intermediate_size=512, n_routed_experts=256, num_experts_per_tok=8,
+    n_shared_experts=1, n_group=8, topk_group=4, first_k_dense_replace=1, routed_scaling_factor=2.5,
+    rms_norm_eps=1e-6, rope_theta=600000.0, mask_token_id=156895, eos_token_id=156892,
+)
+"""LLaDA2.0-mini (16B total, 1.4B active): its published config.json in Glm4Moe's names."""
 
 
 def _config(config_class, rope_theta: float, eos_token_id: int, **fields):
@@ -75,6 +91,45 @@ def tiny_sdar_config(vocab_size: int = 128, hidden_size: int = 64, intermediate_
     )
 
 
+def tiny_llada2_config(
+    vocab_size: int = 128,
+    hidden_size: int = 64,
+    intermediate_size: int = 128,
+    num_hidden_layers: int = 2,
+    num_attention_heads: int = 4,
+    num_key_value_heads: int = 2,
+    head_dim: int | None = None,
+    moe_intermediate_size: int = 32,
+    n_routed_experts: int = 8,
+    num_experts_per_tok: int = 2,
+    n_shared_experts: int = 1,
+    n_group: int = 4,
+    topk_group: int = 2,
+    first_k_dense_replace: int = 1,
+    routed_scaling_factor: float = 2.5,
+    rms_norm_eps: float = 1e-6,
+    rope_theta: float = 600000.0,
+    eos_token_id: int = 1,
+    max_position_embeddings: int = 2048,
+    **_: object,
+) -> Glm4MoeConfig:
+    """A small ``Glm4MoeConfig`` with LLaDA2's layout (what ``load_diffusion_model`` makes of an official LLaDA2
+    config): GQA, per-head q/k RMSNorm, half rotary, sigmoid group-limited router, one shared expert, the first
+    ``first_k_dense_replace`` layers dense, untied head, no biases."""
+    return Glm4MoeConfig(
+        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
+        num_hidden_layers=num_hidden_layers, num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads, head_dim=head_dim or hidden_size // num_attention_heads,
+        moe_intermediate_size=moe_intermediate_size, n_routed_experts=n_routed_experts,
+        num_experts_per_tok=num_experts_per_tok, n_shared_experts=n_shared_experts, n_group=n_group,
+        topk_group=topk_group, first_k_dense_replace=first_k_dense_replace, routed_scaling_factor=routed_scaling_factor,
+        norm_topk_prob=True, use_qk_norm=True, attention_bias=False, rms_norm_eps=rms_norm_eps,
+        rope_parameters={"rope_type": "default", "rope_theta": rope_theta, "partial_rotary_factor": 0.5},
+        tie_word_embeddings=False, max_position_embeddings=max_position_embeddings, num_nextn_predict_layers=0,
+        eos_token_id=eos_token_id, pad_token_id=eos_token_id,
+    )
+
+
 def _diffusion_lm(model_class, config, mask_token_id: int | None, seed: int, dtype: torch.dtype | None,
                   attn_implementation: str, **diffusion_properties):
     """A ``model_class`` with random weights drawn from ``seed`` (the global RNG untouched), in eval mode, carrying
@@ -117,3 +172,18 @@ def build_tiny_fast_dllm_v2(mask_token_id: int | None = None, block_size: int = 
     """A random Fast-dLLM-v2-shaped block-diffusion LM (Qwen2.5 layout, blocks of ``block_size``, logit shift)."""
     return _diffusion_lm(Qwen2ForCausalLM, tiny_dream_config(**config_kwargs), mask_token_id, seed, dtype,
                          attn_implementation, logit_shift=True, sampling="categorical", block_size=block_size)
+
+
+def build_tiny_llada2(mask_token_id: int | None = None, block_size: int = 4, seed: int = 0,
+                      dtype: torch.dtype | None = None, attn_implementation: str = "sdpa",
+                      **config_kwargs) -> Glm4MoeForCausalLM:
+    """A random LLaDA2-shaped block-diffusion MoE LM (``Glm4MoeForCausalLM``, blocks of ``block_size``, no shift,
+    categorical sampling); random router biases so that the selection bias matters."""
+    model = _diffusion_lm(Glm4MoeForCausalLM, tiny_llada2_config(**config_kwargs), mask_token_id, seed, dtype,
+                          attn_implementation, logit_shift=False, sampling="categorical", block_size=block_size)
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(seed + 1)
+        for module in model.modules():
+            if hasattr(module, "e_score_correction_bias"):
+                module.e_score_correction_bias.normal_(0.0, 0.3)
+    return model
