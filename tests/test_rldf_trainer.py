@@ -24,11 +24,17 @@ OVERRIDDEN = [
     "_calculate_rewards",
     "_save_rng_state",
     "_load_rng_state",
+    "train",
+    "_save_checkpoint",
+    "save_model",
 ]
 
 
 def test_overridden_methods_exist_in_pinned_trl():
-    own = {name for name, value in vars(RLDFTrainer).items() if inspect.isfunction(value) and name != "__init__"}
+    from dllm_trl.trainers.common import SafeRunMixin
+
+    own = {name for cls in (RLDFTrainer, SafeRunMixin) for name, value in vars(cls).items()
+           if inspect.isfunction(value) and name != "__init__"}
     private_helpers = {"make_loss", "_old_logps_needed", "_zero_variance_rows", "_clean_targets_from_loss",
                        "_loss_normalizer", "_finish_pending_normalization", "_generator_files"}
     assert own - private_helpers == set(OVERRIDDEN)

@@ -29,14 +29,18 @@ OWN_HELPERS = {"make_loss", "_old_logps_needed", "_zero_variance_rows", "_clean_
 
 
 def test_every_trainer_overrides_only_hooks_the_pinned_trl_has():
-    for trainer_class in (RLDFTrainer, DiffusionDPPOMaskTrainer, CausalDPPOMaskTrainer):
+    from dllm_trl.trainers.common import SafeRunMixin
+
+    for trainer_class in (RLDFTrainer, DiffusionDPPOMaskTrainer, CausalDPPOMaskTrainer, SafeRunMixin):
         own = {name for name, value in vars(trainer_class).items() if inspect.isfunction(value)}
         for name in own - OWN_HELPERS - {"__init__"}:
             assert hasattr(GRPOTrainer, name), f"{trainer_class.__name__}.{name} overrides a ghost"
 
 
 def test_the_causal_config_carries_no_rldf_field():
-    grpo = {f.name for f in dataclasses.fields(GRPOConfig)}
+    from dllm_trl.trainers.rldf_config import SafeRunArguments
+
+    grpo = {f.name for f in dataclasses.fields(GRPOConfig)} | {f.name for f in dataclasses.fields(SafeRunArguments)}
     rldf_only = {f.name for f in dataclasses.fields(RLDFConfig)} - grpo
     causal = {f.name for f in dataclasses.fields(CausalDPPOMaskConfig)}
     assert rldf_only and not causal & rldf_only
