@@ -4,8 +4,8 @@
 optimizer. It covers RLDF and the baseline estimators of paper 1 App. A (``args.policy_estimator``,
 :mod:`dllm_trl.losses.estimators`), and the packed scoring of a block-diffusion model's states (SPEC §7,
 :mod:`dllm_trl.losses.packed_states`). A loss object declares what it needs and can do through class attributes
-(``record_topk``, ``packs_block_states``, ``targets_from_loss_forward``, ``supported_estimators``), never through the
-trainer's class.
+(``sampler_requests()``, ``packs_block_states``, ``targets_from_loss_forward``, ``supported_estimators``), never
+through the trainer's class.
 
 Batch keys it reads (all aligned by row): ``rollout_prompt_ids`` / ``rollout_prompt_mask`` (B, P), ``rollout_ids``,
 ``commit_step``, ``valid_mask`` (B, G), ``sampled_steps`` (B, k), ``mask_seed`` (B,), ``advantages`` (B,), and after
@@ -107,6 +107,11 @@ class RLDFLoss:
 
     def __init__(self, args):
         self.args = args
+
+    def sampler_requests(self) -> dict:
+        """Sampler settings (``DiffusionGenerationConfig`` fields) this loss needs the rollout to record, e.g.
+        ``record_topk``: the trainer sets them on its sampler's config."""
+        return {"record_topk": self.record_topk} if self.record_topk else {}
 
     # -------------------------------------------------------------------------------------------- rollout side
     def check_model(self, model) -> None:

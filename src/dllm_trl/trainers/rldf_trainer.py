@@ -77,8 +77,8 @@ class RLDFTrainer(SafeRunMixin, GRPOTrainer):
         self.loss = self.make_loss(args, model) if loss is None else loss
         self.loss.check_model(model)
         self.sampler = MaskedDiffusionSampler(args.diffusion_generation_config()) if sampler is None else sampler
-        if self.loss.record_topk:  # the loss reads the behaviour distribution of every committed token
-            self.sampler.config.record_topk = self.loss.record_topk
+        for name, value in self.loss.sampler_requests().items():  # what the loss reads from the rollout's record
+            setattr(self.sampler.config, name, value)
         self.sampler.check_model(model)
         check_training_inputs(model, kwargs.get("train_dataset"), kwargs.get("processing_class"))
         reference = init_with_reference(self, super().__init__, model, args, reward_funcs=reward_funcs, **kwargs)
