@@ -4,16 +4,8 @@ the published 8B shapes the benchmarks build at full size on a GPU."""
 from __future__ import annotations
 
 import torch
-from transformers import (
-    Glm4MoeConfig,
-    Glm4MoeForCausalLM,
-    LlamaConfig,
-    LlamaForCausalLM,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-    Qwen3Config,
-    Qwen3ForCausalLM,
-)
+from transformers import Glm4MoeConfig, Glm4MoeForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from ..models.bidirectional import set_diffusion_properties
 
