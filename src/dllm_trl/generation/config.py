@@ -39,7 +39,8 @@ class DiffusionGenerationConfig:
             Top-k truncation applied before drawing (both sampling styles).
         min_p (`float` or `None`, defaults to `None`):
             Min-p truncation applied before drawing: tokens whose probability is below `min_p` times the most
-            likely token's are dropped (both sampling styles).
+            likely token's are dropped (both sampling styles). The three truncations run in transformers' order
+            and with its warpers: temperature, then top-k, then top-p, then min-p on what top-p kept.
         sampling (`str` or `None`, defaults to `None`):
             `"gumbel"` (LLaDA style: Gumbel-max on logits/temperature in float64) or `"categorical"` (Dream
             style: softmax then a categorical draw). `None` uses the model's `config.diffusion_sampling`.

@@ -13,11 +13,12 @@ is done simply commits nothing. One loop serves both kinds of model; only the mo
 
 from __future__ import annotations
 
-import math
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from transformers.generation.logits_process import MinPLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from ..models.bidirectional import (
     attention_mask_4d,
@@ -64,19 +65,34 @@ def static_schedule(block_length: int, steps_per_block: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(steps_per_block)]
 
 
-def _truncate_logits(logits: torch.Tensor, top_k: int | None, top_p: float | None, min_p: float | None = None):
-    if min_p is not None and min_p > 0.0:  # drop tokens below min_p x the most likely token's probability
-        logits = logits.masked_fill(logits < logits.max(-1, keepdim=True).values + math.log(min_p), float("-inf"))
-    if top_k is not None and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
+@functools.lru_cache(maxsize=64)
+def _warpers(top_k: int | None, top_p: float | None, min_p: float | None) -> tuple:
+    """transformers' own sampling warpers for these settings, in the order ``GenerationMixin._get_logits_processor``
+    applies them: top-k, then top-p, then min-p (temperature comes before all three, in the caller).
+
+    ``min_tokens_to_keep`` is transformers' default for plain sampling (1). Settings that cannot drop a token are
+    left out, as transformers leaves them out (top_k None / 0, top_p None / 1) or as they change nothing (min_p 0:
+    no probability is below 0). The warpers hold only their settings, so one tuple serves every step.
+    """
+    warpers = []
+    if top_k:
+        warpers.append(TopKLogitsWarper(top_k=int(top_k)))
     if top_p is not None and top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        cumulative = sorted_logits.softmax(-1).cumsum(-1)
-        drop_sorted = cumulative - sorted_logits.softmax(-1) >= top_p  # keep the token that crosses top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
-    return logits
+        warpers.append(TopPLogitsWarper(top_p=top_p))
+    if min_p:
+        warpers.append(MinPLogitsWarper(min_p=min_p))
+    return tuple(warpers)
+
+
+def _truncate_logits(logits: torch.Tensor, top_k: int | None, top_p: float | None, min_p: float | None = None):
+    """``logits`` (..., V) with the tokens transformers' top-k → top-p → min-p sampling drops set to -inf."""
+    warpers = _warpers(top_k, top_p, min_p)
+    if not warpers:
+        return logits
+    scores = logits.reshape(-1, logits.shape[-1])  # the warpers read (batch, vocab) scores and no input ids
+    for warper in warpers:
+        scores = warper(None, scores)
+    return scores.view(logits.shape)
 
 
 def draw_candidates(
@@ -115,7 +131,7 @@ def _draw_candidates(logits, mask_token_id, temperature, top_p, top_k, sampling,
         confidence = logits.sub_(top.unsqueeze(-1)).exp_().sum(-1).reciprocal()  # softmax at the argmax
         return candidate, confidence, None
     if temperature > 0:
-        logits = _truncate_logits(logits / temperature, top_k, top_p, min_p)
+        logits = _truncate_logits(logits.div_(temperature), top_k, top_p, min_p)  # ours to overwrite
     log_probs = torch.log_softmax(logits, dim=-1)
     if temperature == 0:
         candidate = log_probs.argmax(-1)

@@ -1,6 +1,6 @@
 """Executor: the process that runs UNTRUSTED candidate code (code reward).
 
-Standalone program (stdlib only). The judge starts it as ``python -I -S -c <codec + this file>``
+Standalone program (stdlib only). The judge starts it as ``python -I -S -c <_processes + codec + this file>``
 with an empty environment; it starts with the judge's privileges (root when the trainer is root),
 and before any candidate code runs it:
 
@@ -100,13 +100,7 @@ def _install_seccomp(libc, ctypes):
 
 def _boot():
     # 1. private channel fds, /dev/null on 0/1/2
-    rfd = os.dup(0)
-    wfd = os.dup(1)
-    devnull = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(devnull, fd)
-    os.close(devnull)
-    sys.stdout = sys.stderr = open(os.devnull, "w")
+    rfd, wfd = quiet_stdio(0, 1)  # noqa: F821 (_processes.py prepended)
     try:
         sys.stdin = open(os.devnull, "r")
     except Exception:

@@ -1,7 +1,7 @@
 """Judge: runs the TRUSTED unit tests of one completion and decides pass/fail.
 
 Standalone program (stdlib only), started by :mod:`dllm_trl.rewards.code` as
-``python -I -S -c <codec + this file>`` with an empty environment, in its own session. It reads the
+``python -I -S -c <_processes + codec + this file>`` with an empty environment, in its own session. It reads the
 job (JSON) from stdin and writes one JSON line per message to a private duplicate of its stdout
 (fd 1 itself is pointed at /dev/null so prints from test code cannot forge lines): a ``watch``
 line before each test (until when it may run: the caller kills a judge stuck past that, e.g. in C
@@ -33,7 +33,6 @@ import json
 import os
 import random
 import signal
-import subprocess
 import sys
 import time
 
@@ -182,35 +181,14 @@ class Executor:
 
     def kill(self):
         p, self.proc = self.proc, None
-        if p is None:
-            return
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except OSError:
-            pass
-        try:
-            p.kill()
-        except OSError:
-            pass
-        try:
-            p.wait(timeout=10)
-        except Exception:
-            pass
-        for f in (p.stdin, p.stdout):
-            try:
-                f.close()
-            except Exception:
-                pass
+        if p is not None:
+            kill_process_group(p, wait=10)  # noqa: F821 (_processes.py prepended)
 
     def start(self, boot_deadline, booted, resolve):
         """Start a fresh executor and load the program. Raises InfraError (sandbox broken),
         CandidateCrashed (load failed / died) or CandidateTimeout."""
         job = self.job
-        self.proc = subprocess.Popen(
-            [job["python"], "-I", "-S", "-c", job["executor_src"]],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            env={}, close_fds=True, start_new_session=True, cwd="/",
-        )
+        self.proc = start_isolated([job["python"], "-I", "-S", "-c", job["executor_src"]], {})  # noqa: F821
         cfg = {
             "program": job["program"], "uid": job.get("uid"), "gid": job.get("gid"),
             "chroot": self.chroot, "workdir": self.workdir, "limits": job["limits"],
@@ -716,12 +694,7 @@ def watch(i, until):
 def main():
     global _OUT, _JUDGE
     job = json.loads(sys.stdin.buffer.read().decode("utf-8"))
-    _OUT = os.dup(1)
-    devnull = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(devnull, fd)
-    os.close(devnull)
-    sys.stdout = sys.stderr = open(os.devnull, "w")
+    (_OUT,) = quiet_stdio(1)  # noqa: F821 (_processes.py prepended)
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)

@@ -96,11 +96,11 @@ import sys
 import tempfile
 import threading
 import time
-import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from ._processes import kill_process_group, program_source, start_isolated, warn_once, workers_from_env
 from .math import completion_to_text
 
 logger = logging.getLogger(__name__)
@@ -216,12 +216,9 @@ class SandboxConfig:
     def n_workers(self) -> int:
         if self.workers:
             return max(1, int(self.workers))
-        env = os.environ.get("DLLM_TRL_CODE_WORKERS")
-        if env:
-            try:
-                return max(1, int(env))
-            except ValueError:
-                pass
+        from_env = workers_from_env("DLLM_TRL_CODE_WORKERS")
+        if from_env:
+            return from_env
         # as many sandboxes as fit in 3/4 of the RAM if each used its whole memory_mb, at most 64
         try:
             ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -244,23 +241,12 @@ class CodeTestResult:
 
 
 # =============================================================================== sources
-_SRC_CACHE: dict[str, str] = {}
-
-
-def _read_src(name: str) -> str:
-    if name not in _SRC_CACHE:
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
-        with open(path, encoding="utf-8") as fh:
-            _SRC_CACHE[name] = fh.read()
-    return _SRC_CACHE[name]
-
-
 def _judge_src() -> str:
-    return _read_src("_sandbox_codec.py") + "\n\n" + _read_src("_sandbox_judge.py")
+    return program_source("_processes.py", "_sandbox_codec.py", "_sandbox_judge.py")
 
 
 def _executor_src() -> str:
-    return _read_src("_sandbox_codec.py") + "\n\n" + _read_src("_sandbox_executor.py")
+    return program_source("_processes.py", "_sandbox_codec.py", "_sandbox_executor.py")
 
 
 # =============================================================================== running one completion
@@ -368,17 +354,6 @@ def _kill_uid(uid: int | None) -> int:
     return killed
 
 
-_WARNED: set[str] = set()
-
-
-def _warn_once(key: str, msg: str) -> None:
-    if key in _WARNED:
-        return
-    _WARNED.add(key)
-    logger.error(msg)
-    warnings.warn(msg, RuntimeWarning, stacklevel=3)
-
-
 def run_code_tests(
     program: str,
     tests: Sequence[str] | str | None = None,
@@ -479,7 +454,7 @@ def run_code_tests(
     tests_out = [results.get(i, {"i": i, "passed": False, "err": "not run"}) for i in range(n)]
     passed = sum(1 for r in tests_out if r.get("passed") is True)
     if error is not None:
-        _warn_once("infra:" + error[:60], f"dllm_trl code reward: sandbox infrastructure error: {error}")
+        warn_once(logger, "infra:" + error[:60], f"dllm_trl code reward: sandbox infrastructure error: {error}")
     return CodeTestResult(passed, n, tests=tests_out, error=error, isolation=iso)
 
 
@@ -493,16 +468,7 @@ def _run_judge(job: dict, n: int, results: dict[int, dict], hard_deadline: float
     iso: dict | None = None
     watched: tuple[int, float] | None = None
     try:
-        proc = subprocess.Popen(
-            [job["python"], "-I", "-S", "-c", _judge_src()],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env={},
-            cwd="/",
-            close_fds=True,
-            start_new_session=True,
-        )
+        proc = start_isolated([job["python"], "-I", "-S", "-c", _judge_src()], {}, stderr=subprocess.PIPE)
     except OSError as exc:
         return f"cannot start judge: {exc}", None, None
     try:
@@ -520,7 +486,7 @@ def _run_judge(job: dict, n: int, results: dict[int, dict], hard_deadline: float
                 limit = min(limit, watched[1] + _KILL_GRACE)
             remaining = limit - time.monotonic()
             if remaining <= 0:
-                _killpg(proc)
+                kill_process_group(proc)
                 if watched is not None and watched[0] not in results and limit < hard_deadline:
                     return None, iso, watched[0]
                 return "judge exceeded the hard time limit", iso, None
@@ -548,34 +514,13 @@ def _run_judge(job: dict, n: int, results: dict[int, dict], hard_deadline: float
         try:
             proc.wait(timeout=max(0.1, hard_deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            _killpg(proc)
+            kill_process_group(proc)
         if proc.returncode not in (0, None) and error is None and len(results) < n:
             err = proc.stderr.read() if proc.stderr is not None else b""
             error = f"judge exited with {proc.returncode}: {err.decode('utf-8', 'replace')[-500:]}"
         return error, iso, None
     finally:
-        if proc.poll() is None:
-            _killpg(proc)
-        for f in (proc.stdout, proc.stderr):
-            try:
-                f.close()
-            except OSError:
-                pass
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
-
-
-def _killpg(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except OSError:
-        pass
-    try:
-        proc.kill()
-    except OSError:
-        pass
+        kill_process_group(proc, wait=5)
 
 
 def _split_tests(tests: Sequence[str] | str | None) -> tuple[list[str], str]:
@@ -662,10 +607,10 @@ def _score(args: tuple[Any, dict, SandboxConfig]) -> float:
             config=cfg,
         )
         if res.error == "no tests":
-            _warn_once("no-tests", "dllm_trl code reward: a row has no tests (columns tests/test_list or test+entry_point); it scores 0.")
+            warn_once(logger, "no-tests", "dllm_trl code reward: a row has no tests (columns tests/test_list or test+entry_point); it scores 0.")
         return res.reward
     except Exception as exc:  # pragma: no cover - defensive
-        _warn_once("score", f"dllm_trl code reward: unexpected error {exc!r}")
+        warn_once(logger, "score", f"dllm_trl code reward: unexpected error {exc!r}")
         return 0.0
 
 

@@ -44,7 +44,6 @@ import os
 import queue
 import re
 import select
-import signal
 import subprocess
 import sys
 import threading
@@ -53,6 +52,8 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal, InvalidOperation
 from typing import Any, Callable, Sequence
+
+from ._processes import kill_process_group, program_source, start_isolated, warn_once, workers_from_env
 
 logger = logging.getLogger(__name__)
 
@@ -348,23 +349,8 @@ def _normalize(s: Any) -> str:
 
 
 # =============================================================================== heavy checks (worker pool)
-_WARNED: set[str] = set()
-_WARN_LOCK = threading.Lock()
-
-
-def _warn_once(key: str, msg: str) -> None:
-    with _WARN_LOCK:
-        if key in _WARNED:
-            return
-        _WARNED.add(key)
-    logger.error(msg)
-    warnings.warn(msg, RuntimeWarning, stacklevel=3)
-
-
 def _worker_source() -> str:
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_math_worker.py")
-    with open(path, encoding="utf-8") as fh:
-        return fh.read()
+    return program_source("_math_worker.py")
 
 
 class _Worker:
@@ -380,42 +366,15 @@ class _Worker:
     def _start(self) -> None:
         env = dict(os.environ)
         env.pop("PYTHONSTARTUP", None)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", self._source],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            cwd="/",
-            env=env,
-            start_new_session=True,
-            close_fds=True,
-        )
+        self.proc = start_isolated([sys.executable, "-c", self._source], env)
         self._buf = b""
         self._ready = False
 
     def kill(self) -> None:
         proc, self.proc = self.proc, None
         self._ready = False
-        if proc is None:
-            return
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError, OSError):
-            pass
-        try:
-            proc.kill()
-        except Exception:
-            pass
-        try:
-            proc.wait(timeout=5)
-        except Exception:
-            pass
-        for f in (proc.stdin, proc.stdout):
-            try:
-                if f is not None:
-                    f.close()
-            except Exception:
-                pass
+        if proc is not None:
+            kill_process_group(proc, wait=5)
 
     def _readline(self, deadline: float) -> dict | None:
         assert self.proc is not None and self.proc.stdout is not None
@@ -479,7 +438,8 @@ class _Worker:
 
 def _check_backends(info: dict) -> None:
     if not info.get("sympy_parser"):
-        _warn_once(
+        warn_once(
+            logger,
             "sympy",
             "dllm_trl math reward: no LaTeX parser for the structural stage (latex2sympy2_extended "
             f"unusable: {'; '.join(info.get('errors', []))}). Only normalised strings are compared.",
@@ -487,6 +447,14 @@ def _check_backends(info: dict) -> None:
 
 
 class _Pool:
+    """``size`` :class:`_Worker` processes handed to one calling thread at a time.
+
+    Not a multiprocessing-based pool (e.g. ``pebble.ProcessPool``, measured in ``benchmarks/math_reward_pool.py``):
+    those workers either fork the trainer (torch, CUDA, threads) or re-import its ``__main__`` module, and their
+    per-task timeout starts when a worker picks the task up, so a wedged worker can hold a caller indefinitely; here
+    the deadline runs from the request and a worker is a fresh ``python -c`` of ``_math_worker.py``.
+    """
+
     def __init__(self, size: int):
         self.size = max(1, int(size))
         self._source = _worker_source()
@@ -513,13 +481,7 @@ _POOL_LOCK = threading.Lock()
 
 
 def _default_workers() -> int:
-    env = os.environ.get("DLLM_TRL_MATH_WORKERS")
-    if env:
-        try:
-            return max(1, int(env))
-        except ValueError:
-            pass
-    return max(1, min(2, os.cpu_count() or 1))
+    return workers_from_env("DLLM_TRL_MATH_WORKERS") or max(1, min(2, os.cpu_count() or 1))
 
 
 def _get_pool() -> _Pool:
@@ -544,7 +506,8 @@ atexit.register(shutdown_math_workers)
 
 def _heavy_inline(pred: str, gold: str, timeout: float) -> bool:
     if threading.current_thread() is not threading.main_thread():
-        _warn_once(
+        warn_once(
+            logger,
             "inline-thread",
             "dllm_trl math reward: worker processes unavailable and not on the main thread, so the "
             "structural/sympy checks cannot be time-bounded and are SKIPPED (string comparison only).",
@@ -565,7 +528,8 @@ def _heavy_equal(pred: str, gold: str, timeout: float) -> bool:
             return pool.compare(pred, gold, timeout)[0]
         except OSError as exc:
             pool.broken = True
-            _warn_once("pool", f"dllm_trl math reward: cannot start worker processes ({exc}); running in process.")
+            warn_once(logger, "pool",
+                      f"dllm_trl math reward: cannot start worker processes ({exc}); running in process.")
     return _heavy_inline(pred, gold, timeout)
 
 
