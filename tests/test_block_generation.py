@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from dllm_trl import DiffusionGenerationConfig, diffusion_generate
-from dllm_trl.generation.cache import BlockCache
+from dllm_trl.generation.cache import BlockCache, cache_keyword
 from dllm_trl.testing import build_tiny_fast_dllm_v2, build_tiny_sdar
 
 from .test_generation import EOS, MASK, VOCAB, check_invariants, check_replay, prompts, with_head_bias
@@ -129,7 +129,7 @@ def test_finished_blocks_are_written_once_and_exact(fmt):
     key_mask[:, :2] = 0
     fresh = BlockCache(model.config.num_hidden_layers, total)
     with torch.no_grad():
-        model(input_ids=canvas, attention_mask=key_mask, past_key_values=fresh, use_cache=True)
+        model(input_ids=canvas, attention_mask=key_mask, use_cache=True, **{cache_keyword(model): fresh})
     cached = caches[0]
     for layer, (ours, theirs) in enumerate(zip(cached.layers, fresh.layers)):
         finished = slice(2, total - BLOCK)  # real positions of every block but the last (its keys are transient)
