@@ -236,3 +236,13 @@ def test_lora_adapter_folder_loads_on_its_base(tmp_path, toy):
     merged = evaluate_model(loaded, loaded_tokenizer, task, **kwargs)["completions"]
     wrapped = evaluate_model(peft_model, tokenizer, task, **kwargs)["completions"]
     assert [r["completion"] for r in merged] == [r["completion"] for r in wrapped]
+
+
+def test_the_evaluation_refuses_an_output_dir_it_cannot_write_before_loading(tmp_path, capsys):
+    from dllm_trl.evaluation import main
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(SystemExit, match="error: --output_dir .*: cannot write there"):
+        main(["--output_dir", str(blocker / "out")])
+    assert "Loading weights" not in capsys.readouterr().err

@@ -90,9 +90,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
     from trl import ModelConfig, TrlParser
 
     from ..models import load_model_and_tokenizer
+    from ..prechecks import check_output_dir
 
     parser = TrlParser((EvaluationArguments, ModelConfig))
     args, model_args = parser.parse_args_and_config(args=argv)
+    check_output_dir(args)  # the reports go there: a folder it cannot write is said before any work
     toy_model = model_args.model_name_or_path is None
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     gen_lengths = args.gen_lengths or list(TOY_GEN_LENGTHS if toy_model else PAPER_GEN_LENGTHS)
