@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from dllm_trl import DiffusionGenerationConfig, diffusion_generate
+from dllm_trl.generation import NEVER_COMMITTED
 from dllm_trl.testing import build_tiny_sdar
 
 from .test_generation import EOS, MASK, VOCAB, prompts
@@ -89,11 +90,13 @@ def test_cached_and_uncached_rollouts_record_the_same_routing():
 
 def test_routing_is_not_recorded_by_default_and_never_for_uncommitted_positions():
     model = make_llada2(layers=2)
-    ids = prompts(1, 5, seed=4)
+    ids = prompts(1, 5, seed=1)
     assert generate(model, ids).routed_experts is None
+    with torch.no_grad():  # an EOS-prone head: decoding stops early, the blocks after the EOS are never decoded
+        model.lm_head.weight[EOS] = 3.0
     out = generate(model, ids, record_routing=True, stop_at_eos=True, gen_length=16)
-    never = out.commit_step == 2**31 - 1
-    assert (out.routed_experts[never] == -1).all() and (out.routed_experts[~never] >= 0).all()
+    never = out.commit_step == NEVER_COMMITTED
+    assert never.any() and (out.routed_experts[never] == -1).all() and (out.routed_experts[~never] >= 0).all()
 
 
 def test_record_routing_needs_a_model_with_routers():
