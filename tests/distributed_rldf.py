@@ -5,10 +5,9 @@ Usage: ``distributed_rldf.py OUTPUT_DIR [key=value ...]``; keys: ``model`` (``me
 else a checkpoint folder, loaded *after* the training arguments so that ZeRO-3 can partition it at load), ``beta``,
 ``backward_mode`` (passed only when given), ``steps``, ``save`` (``1``: a checkpoint at the last step),
 ``fsdp_on_cpu`` (see :func:`fsdp_state_on_cpu`), ``use_cpu``, ``count_comm`` (count collectives during training,
-for ``benchmarks/engines.py``). Every process checks that its view of the full
-parameters equals the others'; rank 0 writes ``OUTPUT_DIR/result.pt`` (losses, KLs, the full trained parameters,
-the engine that ran). The harness reads the engines through accelerate and torch only, not through the code under
-test.
+for ``benchmarks/engines.py``). Every process checks that its view of the full parameters, and its buffers, equal
+the others'; rank 0 writes ``OUTPUT_DIR/result.pt`` (losses, KLs, the full trained parameters, the engine that ran).
+The harness reads the engines through accelerate and torch only, not through the code under test.
 """
 
 from __future__ import annotations
@@ -147,9 +146,13 @@ def main(output_dir: str, options: dict):
     losses = [entry["loss"] for entry in logs]
     assert all(math.isfinite(x) for x in losses), losses
     sharded = any(isinstance(p, DTensor) or hasattr(p, "ds_id") for p in trainer.model_wrapped.parameters())
-    # Every process's view of the full parameters must be the same (replicas in sync, shards consistent).
+    # Every process's view of the full parameters must be the same (replicas in sync, shards consistent), and so must
+    # its buffers (engines leave them unsharded; e.g. an MoE router's correction bias, which steers the routing).
     views = trainer.accelerator.gather(full_parameters(trainer.model_wrapped).unsqueeze(0))
     assert all(torch.equal(views[0], view) for view in views), "parameters differ across processes"
+    buffers = [b.detach().flatten().float() for b in trainer.model_wrapped.buffers()]
+    buffer_views = trainer.accelerator.gather(torch.cat(buffers).unsqueeze(0))
+    assert all(torch.equal(buffer_views[0], view) for view in buffer_views), "buffers differ across processes"
     COMMUNICATION["on"] = False
     rss = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0])
     peak_rss = trainer.accelerator.gather(rss).max().item()

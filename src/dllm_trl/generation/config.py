@@ -52,6 +52,10 @@ class DiffusionGenerationConfig:
         record_topk (`int`, defaults to `0`):
             Also record, per committed token, the top-K ids and log-probs of the distribution it was drawn
             from (0 = off).
+        record_routing (`bool`, defaults to `False`):
+            Also record, per committed token of a mixture-of-experts model, the experts each MoE layer routed its
+            position to in the forward of the step that committed it (`DiffusionGenerationOutput.routed_experts`),
+            through hooks on the routers that exist for the call only. Off: nothing is hooked.
         stop_at_eos (`bool`, defaults to `True`):
             Stop once every row holds an EOS in its decoded blocks; the rest is filled with EOS and never
             counts as part of the completion.
@@ -80,6 +84,9 @@ class DiffusionGenerationConfig:
     sampling: str | None = field(default=None, metadata={"help": "'gumbel', 'categorical' or None (model default)."})
     cache: str = field(default="dual", metadata={"help": "KV cache mode: 'none', 'prefix' or 'dual'."})
     record_topk: int = field(default=0, metadata={"help": "Record top-K ids/log-probs per committed token (0 = off)."})
+    record_routing: bool = field(
+        default=False, metadata={"help": "Record the experts each committed token was routed to (MoE models)."}
+    )
     stop_at_eos: bool = field(default=True, metadata={"help": "Stop once every row has an EOS in decoded blocks."})
     seed: int | None = field(default=None, metadata={"help": "Seed of a local torch.Generator."})
     reference_decoder: str | None = field(

@@ -29,6 +29,7 @@ from ..models.bidirectional import (
 )
 from ..models.block_attention import align_prompt, block_causal_mask, column_blocks
 from ..models.engines import logits_at, unwrap_model
+from ..models.routing import RoutingCapture
 from .cache import BlockCache, CanvasCache, cache_keyword
 from .config import DiffusionGenerationConfig
 
@@ -46,6 +47,8 @@ class DiffusionGenerationOutput:
     for positions filled after an early stop). ``commit_prob`` (B, G): the committed token's probability
     under the distribution it was drawn from. ``topk_ids`` / ``topk_logps`` (B, G, K): that distribution's
     top-K (when ``record_topk > 0``). ``nfe``: model forward passes. ``num_steps`` (B,): steps per row.
+    ``routed_experts`` (B, G, MoE layers, k) int16 (when ``record_routing``): the experts each position was routed to
+    at each MoE layer in the forward of the step that committed it (−1 where nothing was committed).
     """
 
     sequences: torch.Tensor
@@ -57,6 +60,7 @@ class DiffusionGenerationOutput:
     topk_logps: torch.Tensor | None
     nfe: int
     num_steps: torch.Tensor
+    routed_experts: torch.Tensor | None = None
 
 
 def static_schedule(block_length: int, steps_per_block: int) -> list[int]:
@@ -196,7 +200,7 @@ class _CanvasCalls:
 
     def __call__(self, canvas, rows, columns):
         """Float logits ``(n, V)`` predicting the read positions: the outputs at canvas columns ``columns``."""
-        fed = self.fed
+        fed = self.last_fed = self.fed
         logits, self.cache = _logits_at(
             self.model, canvas[:, fed], self.positions[:, fed], self.key_mask_4d[:, :, fed], self.cache,
             rows, columns - fed.start,
@@ -251,6 +255,7 @@ class _BlockCalls:
     def __call__(self, canvas, rows, columns):
         """Float logits ``(n, V)`` predicting the read positions: the outputs at canvas columns ``columns``."""
         fed, mask = self.fed, self.mask
+        self.last_fed = fed
         if self.cache is not None:
             self.cache.window_start = fed.start
         carry = self.shift and self.cache is not None
@@ -325,6 +330,7 @@ def diffusion_generate(
     """Decode ``gen_length`` tokens after left-padded prompts and record the denoising trajectory.
 
     ``step_callback(step, canvas)``, if given, sees the canvas (B, P+G) before every lock-step step.
+    ``record_routing``: the routers of an MoE model are hooked for this call only (:class:`RoutingCapture`).
 
     ``model`` may be wrapped by an engine (DDP, DeepSpeed, FSDP2, PEFT): its own forward runs, with the LM head
     applied only at the positions a step reads (:func:`~dllm_trl.models.engines.logits_at`). A block-diffusion model
@@ -332,6 +338,14 @@ def diffusion_generate(
     or a sub-block of it) over the exact cache of the finished ones.
     """
     cfg = generation_config or DiffusionGenerationConfig()
+    if not cfg.record_routing:
+        return _decode(model, input_ids, attention_mask, cfg, generator, step_callback, routing=None)
+    with RoutingCapture(model) as routing:
+        return _decode(model, input_ids, attention_mask, cfg, generator, step_callback, routing)
+
+
+def _decode(model, input_ids, attention_mask, cfg, generator, step_callback, routing):
+    """:func:`diffusion_generate`'s decoding, recording each step's routing when ``routing`` is a capture."""
     config = diffusion_config(model)
     mask_id = config.mask_token_id
     shift = 1 if getattr(config, "diffusion_logit_shift", False) else 0
@@ -379,6 +393,7 @@ def diffusion_generate(
     topk = cfg.record_topk
     topk_ids = torch.zeros(batch, decoded, topk, dtype=torch.long, device=device) if topk else None
     topk_logps = torch.full((batch, decoded, topk), float("-inf"), device=device) if topk else None
+    routed = None  # (B, decoded, MoE layers, k), allocated at the first recorded step
     mask_dtype = attention_mask_dtype(model)
     if attention_block is None:
         calls = _CanvasCalls(model, key_mask, cfg.cache, shift, mask_dtype, config.num_hidden_layers)
@@ -431,6 +446,12 @@ def diffusion_generate(
                 at = (rows, offset + columns)
                 topk_ids[at] = torch.where(keep, ids, topk_ids[at])
                 topk_logps[at] = torch.where(keep, values, topk_logps[at])
+            if routing is not None:  # the experts of the block's positions in this step's forward
+                chosen, first = routing.take(), calls.last_fed.start
+                experts = chosen.view(batch, -1, *chosen.shape[1:])[:, start - first : end - first].to(torch.int16)
+                if routed is None:
+                    routed = torch.full((batch, decoded, *experts.shape[2:]), -1, dtype=torch.int16, device=device)
+                routed[:, span] = torch.where(commit[:, :, None, None], experts, routed[:, span])
             step += 1
             step_in_block += 1
 
@@ -457,4 +478,5 @@ def diffusion_generate(
         topk_logps=topk_logps,
         nfe=nfe,
         num_steps=num_steps,
+        routed_experts=None if routed is None else routed[:, :gen],
     )

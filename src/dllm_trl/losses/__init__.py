@@ -1,5 +1,6 @@
 """Trajectory -> sampled states -> per-token loss terms (SPEC §2–3): tensor functions, and the loss objects the
-trainers call (:class:`RLDFLoss`, :class:`DiffusionTrustRegionLoss`, :class:`CausalTrustRegionLoss`)."""
+trainers call (:class:`RLDFLoss`, :class:`MoERLDFLoss`, :class:`DiffusionTrustRegionLoss`,
+:class:`CausalTrustRegionLoss`)."""
 
 from .rldf import (
     INVALID_STEP,
@@ -13,14 +14,18 @@ from .rldf import (
     step_uncertainty,
 )
 from .rldf_loss import LossCall, RLDFLoss, zero_variance_rows
+from .routing_drift import MoERLDFLoss, RoutingDriftMixin, expert_set_agreement
 from .trust_region_loss import CausalTrustRegionLoss, DiffusionTrustRegionLoss
 
 __all__ = [
     "CausalTrustRegionLoss",
     "DiffusionTrustRegionLoss",
     "LossCall",
+    "MoERLDFLoss",
     "RLDFLoss",
+    "RoutingDriftMixin",
     "corrected_k3_kl",
+    "expert_set_agreement",
     "zero_variance_rows",
     "INVALID_STEP",
     "clean_target_mask",

@@ -15,6 +15,7 @@ forward fixes the targets).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import torch
@@ -265,10 +266,11 @@ class RLDFLoss:
         )
         return [steps[i : i + width] for i in range(0, len(steps), width)]
 
-    def packed_state_logps(self, model, batch, rows, steps, read, with_entropy=False, entropy_grad=True):
+    def packed_state_logps(self, model, batch, rows, steps, read, with_entropy=False, entropy_grad=True, call=None):
         """``log π(o_i | q, o_t)`` (len(rows), len(steps), G) at ``read`` for the sampled steps ``steps`` of
         ``rows``: one forward over the prompt, the clean completion and each state's noisy block (SPEC §7).
-        ``with_entropy``: also the entropy there (without gradient unless ``entropy_grad``)."""
+        ``with_entropy``: also the entropy there (without gradient unless ``entropy_grad``). ``call``: the loss call
+        the forward belongs to (None in the scoring passes), for :meth:`observe_loss_forward`."""
         config = diffusion_config(model)
         shift = 1 if getattr(config, "diffusion_logit_shift", False) else 0
         rollout_ids = batch["rollout_ids"][rows]
@@ -278,13 +280,23 @@ class RLDFLoss:
             config.mask_token_id, attention_mask_dtype(model),
         )
         read_rows, read_columns, index = packed_read_positions(packed, read, shift)
-        values = chunked_token_logps_at(
-            model, read_rows, read_columns, rollout_ids[index[0], index[2]], with_entropy=with_entropy,
-            entropy_grad=entropy_grad,
-            input_ids=packed.input_ids, attention_mask=packed.attention_mask, position_ids=packed.position_ids,
+        observed = contextlib.nullcontext() if call is None else self.observe_loss_forward(
+            model, batch, rows, steps, packed, read, call
         )
+        with observed:
+            values = chunked_token_logps_at(
+                model, read_rows, read_columns, rollout_ids[index[0], index[2]], with_entropy=with_entropy,
+                entropy_grad=entropy_grad,
+                input_ids=packed.input_ids, attention_mask=packed.attention_mask, position_ids=packed.position_ids,
+            )
         scatter = lambda v: torch.zeros(read.shape, dtype=v.dtype, device=v.device).index_put(index, v)  # noqa: E731
         return tuple(scatter(v) for v in values) if with_entropy else scatter(values)
+
+    def observe_loss_forward(self, model, batch, rows, steps, packed, read, call: LossCall):
+        """A context entered around each packed loss forward (``packed``: its layout; ``read`` (len(rows), len(steps),
+        G): the positions it scores) through which a subclass reads what the model computes there into ``call.extra``
+        (:class:`~dllm_trl.losses.RoutingDriftMixin`: the experts each token is routed to). Nothing here."""
+        return contextlib.nullcontext()
 
     def _packed_scores(self, model, batch, batch_size=None):
         sampled = batch["sampled_steps"]
@@ -336,7 +348,8 @@ class RLDFLoss:
         sampled = inputs["sampled_steps"]
         rows = (sampled[:, steps] != INVALID_STEP).any(1).nonzero().squeeze(1)
         logps, entropy = self.packed_state_logps(model, inputs, rows, steps, inputs["target_mask"][rows][:, steps],
-                                                 with_entropy=True, entropy_grad=self.args.entropy_coef != 0.0)
+                                                 with_entropy=True, entropy_grad=self.args.entropy_coef != 0.0,
+                                                 call=call)
         where = torch.full((sampled.shape[0],), -1, dtype=torch.long, device=rows.device)
         where[rows] = torch.arange(rows.numel(), device=rows.device)
         loss = 0.0

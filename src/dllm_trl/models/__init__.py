@@ -26,6 +26,7 @@ _EXPORTS = {
     **dict.fromkeys(
         ["check_trainable", "load_model_and_tokenizer", "model_init_kwargs", "save_trained_model"], "pretrained"
     ),
+    **dict.fromkeys(["RoutingCapture", "router_modules"], "routing"),
     **dict.fromkeys(
         ["completion_logits", "completion_token_logps", "selective_log_softmax", "token_logps_at"], "scoring"
     ),
@@ -62,4 +63,5 @@ if TYPE_CHECKING:
         sdar_to_qwen3_config,
     )
     from .pretrained import check_trainable, load_model_and_tokenizer, model_init_kwargs, save_trained_model
+    from .routing import RoutingCapture, router_modules
     from .scoring import completion_logits, completion_token_logps, selective_log_softmax, token_logps_at

@@ -140,6 +140,30 @@ def keep_buffers_out_of_ddp(model: nn.Module) -> None:
     torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, names)
 
 
+def prepare_model_buffers(model: nn.Module, accelerator) -> None:
+    """What the engines need done about ``model``'s buffers before they wrap it (the policy, at the trainer's set-up).
+
+    * DDP must not synchronise them (:func:`keep_buffers_out_of_ddp`).
+    * FSDP2 with ``cpu_ram_efficient_loading``: transformers loaded the weights on rank 0 only (zeros elsewhere), and
+      accelerate moves the model to the meta device, shards it and broadcasts rank 0's state dict into the shards,
+      expecting every entry to be a sharded parameter. A persistent buffer (an MoE router's float32
+      ``e_score_correction_bias``, which steers every routing decision) stays a plain tensor under ``fully_shard``,
+      and accelerate ≤ 1.15 fails on it (``'Tensor' object has no attribute 'device_mesh'``, huggingface/accelerate
+      issue 3898). For a model with persistent buffers, rank 0's parameters and buffers are broadcast here and
+      accelerate's meta-device path is switched off (accelerate's own advice where it cannot take a model), so it
+      shards each process's full copy; the checkpoint is still read on rank 0 only.
+    """
+    keep_buffers_out_of_ddp(model)
+    plugin = getattr(accelerator.state, "fsdp_plugin", None)
+    if not (getattr(accelerator, "is_fsdp2", False) and plugin.cpu_ram_efficient_loading):
+        return
+    persistent = any(name not in module._non_persistent_buffers_set
+                     for module in model.modules() for name, _ in module.named_buffers(recurse=False))
+    if persistent:
+        broadcast_from_main(model, accelerator)
+        plugin.cpu_ram_efficient_loading = False
+
+
 def is_deepspeed(accelerator) -> bool:
     return getattr(accelerator.state, "deepspeed_plugin", None) is not None
 

@@ -35,8 +35,8 @@ from ..models.engines import (
     backward_without_step,
     check_weights_pass_gradients,
     gradients_accessible,
-    keep_buffers_out_of_ddp,
     paused_gradient_sync,
+    prepare_model_buffers,
 )
 from ..models.loading import load_diffusion_model
 from .common import (
@@ -82,7 +82,7 @@ class RLDFTrainer(SafeRunMixin, GRPOTrainer):
         self.sampler.check_model(model)
         check_training_inputs(model, kwargs.get("train_dataset"), kwargs.get("processing_class"))
         reference = init_with_reference(self, super().__init__, model, args, reward_funcs=reward_funcs, **kwargs)
-        keep_buffers_out_of_ddp(self.model)
+        prepare_model_buffers(self.model, self.accelerator)
         if reference is not None:
             self.ref_model = prepare_reference(reference, self.accelerator, self.args.disable_dropout)
 
