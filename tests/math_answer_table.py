@@ -352,6 +352,10 @@ MATH_TABLE = [
     ("X+1", "x+1", T, "limitation-case"),
     (r"\frac{x^2-1}{x-1}", "x+1", T, "limitation-simplify"),
     (r"2\text{ and }3", "(2,3)", F, "limitation-and"),
+    # --- length: whitespace first, then the limit ---------------------------------------------------------------------
+    ("5" + " " * 10_000 + "+1", "5", F, "length"),
+    ("5" + " " * 10_000 + "+1", "6", T, "length"),
+    ("1" * 10_000 + "2", "1" * 10_001, F, "length"),
     # --- never equal: empty, prose, hedges, malformed ----------------------------------------------------------------------
     ("", "5", F, "empty"),
     (r"\text{the answer is 5}", "5", F, "text"),

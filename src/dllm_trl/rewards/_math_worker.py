@@ -1,12 +1,13 @@
-r"""Worker process for the expensive math-equivalence checks (structure + sympy).
+r"""Worker process for the math-equivalence checks: cleanup of both answers, then structure + sympy.
 
-This file is executed as a standalone program (its source is passed to ``python -c`` by
-:mod:`dllm_trl.rewards.math`), so it must not import anything from ``dllm_trl`` (that would pull in
-torch) and must not rely on relative imports.  It can also be imported (``heavy_equal``) for the
-in-process fallback.
+This file is executed as a standalone program: :mod:`dllm_trl.rewards.math` passes ``python -c`` the source of
+``_math_text.py`` followed by this file's (so it has no ``from __future__`` import, which must come first in a
+program), so it must not import anything from ``dllm_trl`` (that would pull in torch). It can also be imported
+(``heavy_equal``) for the in-process fallback, and then imports ``_math_text`` as a sibling module.
 
-Both answers arrive *normalised* (``dllm_trl.rewards.math.normalize_math_answer``: no whitespace,
-``%`` kept as a marker, list separators written as ``,``). :func:`parse_answer` reads the answer's
+Both answers arrive *as written* (the content of a box, the gold answer) and are normalised here, under the
+time bound (``_math_text.normalize_math_answer``: no whitespace, ``%`` kept as a marker, list separators written
+as ``,``); equal normalised strings are equal. :func:`parse_answer` reads the answer's
 structure itself (lists, sets, tuples / intervals, unions, inequalities, matrices, percentages,
 multiple-choice letters, words) and hands only scalar leaves to a LaTeX parser
 (``latex2sympy2_extended``; a leaf it cannot read in full is not read at all). Decimal literals are rewritten
@@ -34,8 +35,6 @@ work (e.g. big-integer powers), so the parent additionally kills the whole worke
 when no answer arrives in time and starts a fresh worker.
 """
 
-from __future__ import annotations
-
 import json
 import logging
 import os
@@ -45,9 +44,15 @@ import sys
 import threading
 import warnings
 
+try:  # imported as dllm_trl.rewards._math_worker (in-process fallback)
+    from ._math_text import normalize_math_answer
+except ImportError:  # run as a program: _math_text.py's source comes first, its names are already defined
+    pass
+
 APPROX_MIN_DIGITS = 6  # significant digits a decimal needs to stand for a non-terminating value
 EVAL_DIGITS = 60  # digits asked of sympy's evaluation of a difference it cannot simplify
 MAX_ITEMS = 64  # larger lists / sets / matrices are not compared (never equal)
+MAX_STRUCTURAL_CHARS = 2000  # longer normalised answers are compared as strings only
 
 
 class _SoftTimeout(BaseException):
@@ -546,12 +551,32 @@ def answers_equal(a, b):
     return False
 
 
-def heavy_equal(pred: str, gold: str, timeout: float = 5.0) -> tuple[bool, str]:
-    """Structure + sympy comparison of two normalised answers. Returns (equal, stage). Never raises
-    (a soft timeout gives ``(False, "timeout")``). Uses SIGALRM only when called from the main
-    thread."""
+def compare_normalised(p, g):
+    """(equal, stage) of two normalised answers: the string stage, then structure + sympy."""
+    if not p or not g:
+        return False, "empty"
+    if p == g:
+        return True, "string"
+    if len(p) > MAX_STRUCTURAL_CHARS or len(g) > MAX_STRUCTURAL_CHARS:
+        return False, "too-long"
     parser, _ = _backends()
-    use_alarm = threading.current_thread() is threading.main_thread() and timeout and timeout > 0
+    if parser is None:
+        return False, "no-parser"
+    a, b = parse_answer(p), parse_answer(g)
+    if a is None or b is None:
+        return False, "unparsed"
+    return bool(answers_equal(a, b)), "sympy"
+
+
+def heavy_equal(pred: str, gold: str, timeout: float = 5.0) -> tuple[bool, str]:
+    """Comparison of two answers as written (or already normalised; normalisation is idempotent): cleanup, string
+    stage, structure + sympy, all under the time bound. Returns (equal, stage). Never raises (a soft timeout gives
+    ``(False, "timeout")``). Uses SIGALRM only when called from the main thread; from another thread (the
+    in-process fallback) only the normalised strings are compared."""
+    if threading.current_thread() is not threading.main_thread():
+        p, g = normalize_math_answer(pred), normalize_math_answer(gold)
+        return bool(p) and p == g, "string-only"
+    use_alarm = bool(timeout and timeout > 0)
 
     def _handler(signum, frame):
         raise _SoftTimeout()
@@ -563,12 +588,7 @@ def heavy_equal(pred: str, gold: str, timeout: float = 5.0) -> tuple[bool, str]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            if parser is None:
-                return False, "no-parser"
-            a, b = parse_answer(pred), parse_answer(gold)
-            if a is None or b is None:
-                return False, "unparsed"
-            return bool(answers_equal(a, b)), "sympy"
+            return compare_normalised(normalize_math_answer(pred), normalize_math_answer(gold))
     except _SoftTimeout:
         return False, "timeout"
     except BaseException:  # RecursionError, MemoryError, ...
