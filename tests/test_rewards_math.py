@@ -207,6 +207,16 @@ def test_extract_boxed(text, expected):
         (r"2x", "2x"),
         (r"5.", "5"),
         (r"\text{(A)}", "(A)"),
+        (r"1+2\mathrm{i}", "1+2i"),  # a single letter is a symbol, never a unit
+        (r"4\mathrm{e}", "4e"),
+        (r"5\text{ million}", "5000000"),  # a multiplier word multiplies a plain number
+        (r"2.5 million dollars", "2500000"),
+        (r"2\text{ dozen}", "24"),
+        (r"3\text{ squared}", ""),  # another number word: refused
+        (r"5\text{ halves}", ""),
+        (r"\frac12\text{ million}", ""),
+        (r"7\text{ clips}", "7"),  # a plural count noun is a unit
+        (r"5\text{ less}", "5less"),
         ("5" + " " * 10_000 + "+1", "5+1"),  # the length limit counts after whitespace normalisation
         ("1" * 10_001, ""),  # over the limit: refused, not cut
     ],

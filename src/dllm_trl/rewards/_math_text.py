@@ -111,35 +111,131 @@ def extract_gold_answer(answer: Any) -> str | None:
     return answer.strip()
 
 
-# =============================================================================== units
-_UNIT = (
-    "mm|cm|km|m|meters?|metres?|centimeters?|millimeters?|kilometers?|inches|inch|in|feet|foot|ft|yards?|yd|"
-    "miles?|mi|mph|kph|units?|square\\s+units|sq\\s*units|cubic\\s+units|dollars?|cents?|euros?|pounds?|lbs?|"
-    "kg|g|grams?|kilograms?|mg|l|liters?|litres?|ml|gallons?|quarts?|ounces?|oz|degrees?|radians?|rad|"
-    "seconds?|secs?|s|minutes?|mins?|hours?|hrs?|h|days?|weeks?|months?|years?|"
-    "people|persons?|students?|apples|marbles|cookies|books|points?|times"
+# =============================================================================== trailing words: units and number words
+# Unit words (case-insensitive; plurals and a trailing "." too) that a trailing phrase may be made of. A single letter
+# is a unit only if it is listed here (the SI symbols m, g, s, h, l / L); any other letter is a symbol (i, e, x, ...).
+_UNIT_WORDS = frozenset(
+    """
+    mm cm dm m km meter meters metre metres millimeter millimeters centimeter centimeters kilometer kilometers
+    in inch inches ft foot feet yd yard yards mi mile miles mph kph kmh
+    mg g gram grams kg kilogram kilograms lb lbs pound pounds oz ounce ounces ton tons tonne tonnes
+    ml l liter liters litre litres gallon gallons quart quarts pint pints cup cups
+    s sec secs second seconds min mins minute minutes h hr hrs hour hours day days week weeks month months
+    year years yr yrs decade decades century centuries
+    dollar dollars cent cents euro euros penny pennies usd
+    degree degrees deg rad radian radians
+    unit units times people person persons
+    """.split()
 )
-_UNIT_POWER = r"(?:\^?\{?[23]\}?)?"
-_PLAIN_UNIT_RE = re.compile(
-    r"^(?P<num>.*?\d[^A-Za-z]*?)\s+(?:" + _UNIT + ")" + _UNIT_POWER
-    + r"(?:\s*/\s*(?:" + _UNIT + ")" + _UNIT_POWER + r")?\s*$",
-    re.I,
+_UNIT_MODIFIERS = frozenset({"square", "sq", "cubic", "cu"})
+_UNIT_CONNECTIVES = frozenset({"per"})
+# number words: a multiplier multiplies a plain number in front of it (5 million = 5000000); any other number word
+# makes the answer equal to nothing (3 squared, 2 halves, 5 thousands are refused, never read as 3, 2 or 5)
+_MULTIPLIERS = {"hundred": 100, "thousand": 1000, "million": 10**6, "billion": 10**9, "trillion": 10**12, "dozen": 12}
+_CARDINALS = (
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen "
+    "eighteen nineteen twenty thirty forty fifty sixty seventy eighty ninety hundred thousand million billion "
+    "trillion dozen score gross"
+).split()
+_NUMBER_WORDS = frozenset(
+    _CARDINALS
+    + [w + "s" for w in _CARDINALS if not w.endswith("x") and not w.endswith("y")] + ["sixes", "twenties", "thirties",
+       "forties", "fifties", "sixties", "seventies", "eighties", "nineties"]
+    + """
+    half halves third thirds quarter quarters fourth fourths fifth fifths sixth sixths seventh sevenths eighth eighths
+    ninth ninths tenth tenths hundredth hundredths thousandth thousandths millionth millionths
+    squared cubed square cube percent percents pct factorial double triple twice thrice
+    """.split()
 )
-_UNIT_TEXT_RE = re.compile(r"[A-Za-z][A-Za-z\s.]*(?:\^\{?[23]\}?)?(?:\s*/\s*[A-Za-z][A-Za-z\s.]*(?:\^\{?[23]\}?)?)?")
+_PHRASE_WORD_RE = re.compile(r"[A-Za-z]+\.?")
+_PHRASE_TEXT_RE = re.compile(r"[A-Za-z][A-Za-z\s./]{0,60}(?:\^\{?[23]\}?)?")
+
+
+def _is_unit(word: str) -> bool:
+    w = word.rstrip(".")
+    if len(w) == 1:
+        return w in ("m", "g", "s", "h", "l", "L")
+    lw = w.lower()
+    if lw in _NUMBER_WORDS:
+        return False
+    if lw in _UNIT_WORDS:
+        return True
+    # a plural count noun (apples, eggs, clips): 4+ lowercase letters ending in "s", not "ss" / "us" / "is"
+    return bool(re.fullmatch(r"[a-z]{3,}s", w)) and not re.search(r"(?:ss|us|is)$", w)
+
+
+def _classify_phrase(phrase: str) -> tuple[str, int]:
+    """``("unit", 0)`` for a unit phrase (``cm``, ``km/h``, ``square units``, ``miles per hour``, ``m/s^2``),
+    ``("multiplier", k)`` for a multiplier optionally followed by units (``million``, ``million dollars``),
+    ``("number", 0)`` for a phrase with another number word, ``("other", 0)`` for anything else (kept as written)."""
+    body = re.sub(r"\^\{?[23]\}?", " ", phrase)
+    words = [w for w in re.split(r"[\s/]+", body) if w]
+    if not words or not all(_PHRASE_WORD_RE.fullmatch(w) for w in words):
+        return "other", 0
+    lowered = [w.rstrip(".").lower() for w in words]
+    multiplier = _MULTIPLIERS.get(lowered[0]) if words[0].islower() else None
+    rest = words[1:] if multiplier is not None else words
+    rest_lower = lowered[1:] if multiplier is not None else lowered
+    units = [w for w, lw in zip(rest, rest_lower) if lw not in _UNIT_MODIFIERS and lw not in _UNIT_CONNECTIVES]
+    if all(_is_unit(w) for w in units) and (units or multiplier is not None):
+        if multiplier is not None:
+            return "multiplier", multiplier
+        return "unit", 0
+    if any(lw in _NUMBER_WORDS for lw in lowered):
+        return "number", 0
+    return "other", 0
+
+
 _TEXT_CMDS = r"(?:text|textrm|textnormal|textbf|textit|textsf|texttt|mbox|mathrm|mathbf|mathit|mathsf|operatorname)"
 _TEXT_RE = re.compile(r"\\" + _TEXT_CMDS + r"\s*\{")
+_TEXT_TAIL_RE = re.compile(r"\\" + _TEXT_CMDS + r"\s*\{([^{}]{0,80})\}\s*(\^\s*\{?\s*[23]\s*\}?)?\s*$")
+_PLAIN_TAIL_RE = re.compile(r"(?<=[\d}).%])\s+([A-Za-z][A-Za-z\s./]{0,60}?(?:\^\{?[23]\}?)?)\s*$")
+_PLAIN_NUMBER_RE = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|[-+]?\.\d+")
+
+_REFUSED = "\x00refused"  # the answer is equal to nothing (a number word it does not multiply)
 
 
-def _strip_text_units(s: str) -> str:
-    r"""``5\text{ cm}`` / ``5\,\mbox{cm}^2`` / ``12\text{ km/h}`` → ``5`` / ``12``: a trailing text
-    wrapper holding a unit-like phrase (words, ``/``, a power 2 or 3) after a prefix with a digit."""
-    m = re.search(r"\\" + _TEXT_CMDS + r"\s*\{([^{}]*)\}\s*(?:\^\s*\{?\s*[23]\s*\}?)?\s*$", s)
-    if m is None:
-        return s
+def _trailing_words(s: str, wrapped: bool) -> str:
+    r"""Apply the trailing-word rule to ``s``: a trailing ``\text{...}``-like phrase (``wrapped``) or a plain phrase
+    after a number and a space: units are dropped, a multiplier multiplies a plain number, another number word refuses
+    the answer, anything else stays (a symbol such as ``\mathrm{i}`` is unwrapped later and read as a symbol)."""
+    if wrapped:
+        m = _TEXT_TAIL_RE.search(s)
+        if m is None:
+            return s
+        phrase = m.group(1).strip() + (m.group(2) or "")
+        if not _PHRASE_TEXT_RE.fullmatch(phrase):
+            return s
+    else:
+        m = _PLAIN_TAIL_RE.search(s)
+        if m is None:
+            return s
+        phrase = m.group(1).strip()
     prefix = s[: m.start()].strip()
-    words = m.group(1).strip()
-    if prefix and re.search(r"\d", prefix) and _UNIT_TEXT_RE.fullmatch(words or "-"):
+    if not re.search(r"\d", prefix):
+        return s
+    kind, factor = _classify_phrase(phrase)
+    if (
+        not wrapped
+        and kind == "unit"
+        and re.search(r"[A-Za-z]", re.sub(r"\\[A-Za-z]+", "", _E_NOTATION_RE.sub("0", prefix)))
+        and re.fullmatch(r"[A-Za-z]\.?(?:\^\{?[23]\}?)?", phrase)
+    ):
+        return s  # after an expression with letters, a plain single letter is a variable ("2x + 3 m"), not a unit
+    if kind == "unit":
         return prefix
+    if kind == "multiplier":
+        number = re.sub(r"^\\\$|\\?\s", "", prefix)
+        m_var = _LEADING_VAR_RE.match(number)
+        head = ""
+        if m_var is not None and "=" not in m_var.group("rest"):
+            head, number = number[: m_var.start("rest")], m_var.group("rest")
+        if not _PLAIN_NUMBER_RE.fullmatch(number):
+            return _REFUSED
+        value = Decimal(number.replace(",", "")) * factor
+        return head + _canonical_number(format(value.normalize(), "f"))
+    if kind == "number":
+        return _REFUSED
     return s
 
 
@@ -195,19 +291,22 @@ def normalize_math_answer(s: Any) -> str:
     Reads ``−`` (U+2212) as ``-``; normalises whitespace, then refuses (returns ``""``, equal to nothing) an answer longer than :data:`MAX_ANSWER_CHARS`.
     Removes: surrounding ``$``/``\(``/``\[`` delimiters, ``\left``/``\right``/``\big``, ``\displaystyle``, LaTeX
     spacing (``\!`` ``\,`` ``\;`` ``\:`` ``\ `` ``~`` ``\quad``; a row break ``\\`` is kept), degree marks, ``\$``,
-    trailing units (in ``\text{}``-like wrappers after a numeric prefix, or a known unit word, also ``km/h``-style,
-    after a number), a leading ``x =`` / ``x \in``, thousands separators (``1{,}000``
+    a trailing unit phrase (in a ``\text{}``-like wrapper after a numeric prefix, or
+    plain words after a number and a space), a leading ``x =`` / ``x \in``, thousands separators (``1{,}000``
     anywhere; ``1,000`` only when the *whole* answer is one number written with 3-digit groups and no spaces, so
-    ``(1,2)`` and ``2, 300`` are lists), trailing full stops, all whitespace. Keeps ``\%``
+    ``(1,2)`` and ``2, 300`` are lists), trailing full stops, all whitespace. A trailing multiplier word multiplies a plain number
+    (``5 million`` → ``5000000``); another number word (``3 squared``, ``2 halves``) refuses the answer; a single
+    letter is never a unit unless it is an SI symbol (m, g, s, h, l), so ``1+2\mathrm{i}`` → ``1+2i``. Keeps ``\%``
     as ``%`` (the percent rule needs it), writes ``or`` / ``and`` between answers as ``,``, expands e-notation
     (``1e3`` → ``1000``), rewrites ``\dfrac``/``\tfrac``/``\cfrac`` → ``\frac``, ``\frac12`` → ``\frac{1}{2}``,
     ``\sqrt2`` → ``\sqrt{2}``, unwraps ``\text{..}``/``\mathrm{..}`` etc., and writes plain decimal numbers
     canonically (``0.50`` → ``0.5``, ``5.0`` → ``5``, ``.5`` → ``0.5``).
     """
     try:
-        return _normalize(s)
+        out = _normalize(s)
     except Exception:  # pragma: no cover - defensive
         return ""
+    return "" if _REFUSED in out else out
 
 
 def _normalize(s: Any) -> str:
@@ -250,13 +349,15 @@ def _normalize(s: Any) -> str:
     s = re.sub(r"\\(?:q?quad|enspace|thinspace|medspace|thickspace)(?![A-Za-z])", " ", s)
     s = s.replace("~", " ")
     s = _LIST_WORD_RE.sub(",", s)
-    s = _strip_text_units(s.strip())
+    s = _trailing_words(s.strip(), wrapped=True)
+    if _REFUSED in s:
+        return s
     s = _unwrap_command(s, _TEXT_RE)
     s = _LIST_WORD_RE.sub(",", s)
-    s = s.strip()
-    m = _PLAIN_UNIT_RE.match(s)
-    if m is not None and not re.search(r"[A-Za-z]", re.sub(r"\\[A-Za-z]+", "", m.group("num"))):
-        s = m.group("num").strip()
+    s = _PERCENT_WORD_RE.sub("%", s.strip())
+    s = _trailing_words(s.strip(), wrapped=False)
+    if _REFUSED in s:
+        return s
     # leading "x =" / "x \in"
     m = _LEADING_VAR_RE.match(s)
     if m is not None and "=" not in m.group("rest"):
