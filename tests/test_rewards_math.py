@@ -207,6 +207,11 @@ def test_extract_boxed(text, expected):
         (r"2x", "2x"),
         (r"5.", "5"),
         (r"\text{(A)}", "(A)"),
+        ("1,250.", "1250"),  # a full stop after the answer does not hide the thousands separator
+        (r"5\text{ cm}.", "5"),
+        ("\u2212\u00bd", r"-\frac{1}{2}"),  # unicode minus and vulgar fraction
+        ("\u20103", "-3"),
+        ("2\u00bd", r"2\frac{1}{2}"),  # a mixed number
         (r"1+2\mathrm{i}", "1+2i"),  # a single letter is a symbol, never a unit
         (r"4\mathrm{e}", "4e"),
         (r"5\text{ million}", "5000000"),  # a multiplier word multiplies a plain number
@@ -219,6 +224,7 @@ def test_extract_boxed(text, expected):
         (r"5\text{ less}", "5less"),
         ("5" + " " * 10_000 + "+1", "5+1"),  # the length limit counts after whitespace normalisation
         ("1" * 10_001, ""),  # over the limit: refused, not cut
+        ("0.3333330", "0.3333330"),  # trailing zeros of a 6+ digit decimal are its written precision
     ],
 )
 def test_normalize(raw, norm):

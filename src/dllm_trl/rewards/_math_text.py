@@ -11,10 +11,12 @@ under its time bound. Every step here is linear or bounded in the answer's lengt
 from __future__ import annotations
 
 import re
+import unicodedata
 from decimal import Decimal
 from typing import Any
 
 MAX_ANSWER_CHARS = 10_000  # after whitespace normalisation; a longer answer is equal to nothing
+APPROX_MIN_DIGITS = 6  # a decimal with this many significant digits keeps its trailing zeros (written precision)
 
 
 # =============================================================================== extraction
@@ -246,7 +248,34 @@ _THOUSANDS_RE = re.compile(r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 _E_NOTATION_RE = re.compile(r"(?<![\w.\\])(\d+(?:\.\d*)?|\.\d+)[eE]([+-]?\d{1,3})(?![\w.])")
 _LIST_WORD_RE = re.compile(r"\s+(?:or|and)\s+|\\text\s*\{\s*(?:or|and)\s*\}|,\s*(?:or|and)\s+", re.I)
 _LEADING_VAR_RE = re.compile(r"^\s*(?:[A-Za-z]|\\[A-Za-z]+)(?:_\{?[A-Za-z0-9]+\}?)?\s*(?:=|\\in(?![A-Za-z]))\s*(?P<rest>.+)$")
+_MINUS_LOOKALIKES = "\u2010\u2011\u2012\u2013\u2212\ufe63\uff0d"  # hyphen, non-breaking hyphen, figure dash, en dash, minus, small and fullwidth hyphen-minus
+_MINUS_TABLE = str.maketrans({c: "-" for c in _MINUS_LOOKALIKES})
 _PERCENT_WORD_RE = re.compile(r"\s*(?:\\text\s*\{\s*percent\s*\}|(?<![A-Za-z])percent)\s*$")
+
+
+def _vulgar_fractions(s: str) -> str:
+    r"""``½`` → ``\frac{1}{2}`` (every character whose Unicode decomposition is a ``<fraction>``), ``⁄`` → ``/``.
+    After a digit the result is a mixed number (``2½`` = ``2\frac{1}{2}``)."""
+    if s.isascii():
+        return s
+    out = []
+    for ch in s:
+        if ord(ch) < 128:
+            out.append(ch)
+            continue
+        if ch == "\u2044":  # fraction slash
+            out.append("/")
+            continue
+        decomposition = unicodedata.decomposition(ch)
+        if decomposition.startswith("<fraction>"):
+            codes = decomposition.split()[1:]
+            text = "".join(chr(int(c, 16)) for c in codes)
+            num, _, den = text.partition("\u2044")
+            if num.isdigit() and den.isdigit():
+                out.append("\\frac{%s}{%s}" % (num, den))
+                continue
+        out.append(ch)
+    return "".join(out)
 
 
 def _unwrap_command(s: str, cmd_re: re.Pattern) -> str:
@@ -275,12 +304,14 @@ def _expand_e_notation(s: str) -> str:
 
 def _canonical_number(s: str) -> str:
     """A lone decimal number written canonically (``0.50`` → ``0.5``, ``5.0`` → ``5``, ``042`` → ``42``, ``-0`` →
-    ``0``). String operations only: linear in the length."""
+    ``0``); a decimal with at least ``APPROX_MIN_DIGITS`` significant digits keeps its trailing zeros, which are its
+    written precision (``0.3333330`` does not stand for 1/3). String operations only: linear in the length."""
     if not _NUMBER_RE.fullmatch(s):
         return s
     sign = "-" if s.startswith("-") else ""
-    whole, _, frac = s.lstrip("+-").partition(".")
-    frac = frac.rstrip("0")
+    whole, dot, frac = s.lstrip("+-").partition(".")
+    if not (dot and frac.endswith("0") and len((whole + frac).lstrip("0")) >= APPROX_MIN_DIGITS):
+        frac = frac.rstrip("0")
     out = (whole.lstrip("0") or "0") + ("." + frac if frac else "")
     return out if out == "0" else sign + out
 
@@ -288,13 +319,14 @@ def _canonical_number(s: str) -> str:
 def normalize_math_answer(s: Any) -> str:
     r"""String normalisation of a final answer (never raises; rules in ``docs/rewards.md``).
 
-    Reads ``−`` (U+2212) as ``-``; normalises whitespace, then refuses (returns ``""``, equal to nothing) an answer longer than :data:`MAX_ANSWER_CHARS`.
+    Reads unicode minus look-alikes as ``-`` and vulgar fractions (``½``) as ``\frac{1}{2}``; normalises
+    whitespace, then refuses (returns ``""``, equal to nothing) an answer longer than :data:`MAX_ANSWER_CHARS`.
     Removes: surrounding ``$``/``\(``/``\[`` delimiters, ``\left``/``\right``/``\big``, ``\displaystyle``, LaTeX
     spacing (``\!`` ``\,`` ``\;`` ``\:`` ``\ `` ``~`` ``\quad``; a row break ``\\`` is kept), degree marks, ``\$``,
-    a trailing unit phrase (in a ``\text{}``-like wrapper after a numeric prefix, or
+    a full stop after the answer, a trailing unit phrase (in a ``\text{}``-like wrapper after a numeric prefix, or
     plain words after a number and a space), a leading ``x =`` / ``x \in``, thousands separators (``1{,}000``
     anywhere; ``1,000`` only when the *whole* answer is one number written with 3-digit groups and no spaces, so
-    ``(1,2)`` and ``2, 300`` are lists), trailing full stops, all whitespace. A trailing multiplier word multiplies a plain number
+    ``(1,2)`` and ``2, 300`` are lists), all whitespace. A trailing multiplier word multiplies a plain number
     (``5 million`` → ``5000000``); another number word (``3 squared``, ``2 halves``) refuses the answer; a single
     letter is never a unit unless it is an SI symbol (m, g, s, h, l), so ``1+2\mathrm{i}`` → ``1+2i``. Keeps ``\%``
     as ``%`` (the percent rule needs it), writes ``or`` / ``and`` between answers as ``,``, expands e-notation
@@ -312,7 +344,8 @@ def normalize_math_answer(s: Any) -> str:
 def _normalize(s: Any) -> str:
     if s is None:
         return ""
-    s = str(s).replace("\u2212", "-")
+    s = str(s).translate(_MINUS_TABLE)
+    s = _vulgar_fractions(s)
     s = " ".join(s.split())  # every whitespace run is one space: the length limit counts what the answer writes
     if len(s) > MAX_ANSWER_CHARS:
         return ""
@@ -321,6 +354,7 @@ def _normalize(s: Any) -> str:
         inner = extract_boxed_answer(s)
         if inner is not None:
             s = inner
+    s = s.strip().rstrip(".").rstrip()  # a full stop after the answer (also after its closing "$")
     # math delimiters
     for _ in range(3):
         s = s.strip()
@@ -332,6 +366,7 @@ def _normalize(s: Any) -> str:
             s = s[2:-2]
     s = s.replace("\\$", "")  # escaped dollar sign (currency) before removing math-mode $
     s = s.replace("$", "")
+    s = s.strip().rstrip(".").rstrip()  # a full stop inside the delimiters
     s = re.sub(r"\\(?:displaystyle|textstyle|scriptstyle)(?![A-Za-z])", "", s)
     s = re.sub(r"\\(?:left|right)\s*\.", "", s)
     s = re.sub(r"\\(?:left|right|bigl|bigr|Bigl|Bigr|biggl|biggr|big|Big|bigg|Bigg)(?![A-Za-z])", "", s)
@@ -354,7 +389,7 @@ def _normalize(s: Any) -> str:
         return s
     s = _unwrap_command(s, _TEXT_RE)
     s = _LIST_WORD_RE.sub(",", s)
-    s = _PERCENT_WORD_RE.sub("%", s.strip())
+    s = _PERCENT_WORD_RE.sub("%", s.strip().rstrip(".").rstrip())
     s = _trailing_words(s.strip(), wrapped=False)
     if _REFUSED in s:
         return s

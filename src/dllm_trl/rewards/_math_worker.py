@@ -45,11 +45,10 @@ import threading
 import warnings
 
 try:  # imported as dllm_trl.rewards._math_worker (in-process fallback)
-    from ._math_text import normalize_math_answer
+    from ._math_text import APPROX_MIN_DIGITS, normalize_math_answer
 except ImportError:  # run as a program: _math_text.py's source comes first, its names are already defined
     pass
 
-APPROX_MIN_DIGITS = 6  # significant digits a decimal needs to stand for a non-terminating value
 EVAL_DIGITS = 60  # digits asked of sympy's evaluation of a difference it cannot simplify
 MAX_ITEMS = 64  # larger lists / sets / matrices are not compared (never equal)
 MAX_STRUCTURAL_CHARS = 2000  # longer normalised answers are compared as strings only
