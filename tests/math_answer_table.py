@@ -392,6 +392,31 @@ MATH_TABLE = [
     ("5" + " " * 10_000 + "+1", "5", F, "length"),
     ("5" + " " * 10_000 + "+1", "6", T, "length"),
     ("1" * 10_000 + "2", "1" * 10_001, F, "length"),
+    # --- multiple choice: exactly one letter ------------------------------------------------------------------------------
+    ("(A)(B)(C)(D)(E)", "A", F, "choice"),
+    ("(A)(B)", "(A)", F, "choice"),
+    ("(A)B", "A", F, "choice"),
+    (r"\text{(A)}\text{(B)}", r"\text{(A)}", F, "choice"),
+    (r"\textbf{(A) }5\textbf{ (B) }6", "A", F, "choice"),
+    # --- division by zero: never equal, not even to itself -----------------------------------------------------------------
+    (r"\frac{1}{0}", r"\frac{2}{0}", F, "undefined"),
+    (r"\frac{1}{0}", r"\frac{1}{0}", F, "undefined"),
+    ("1/0", "1/0", F, "undefined"),
+    (r"\frac{0}{0}", r"\frac{0}{0}", F, "undefined"),
+    (r"\frac{1}{1-1}", r"\frac{2}{1-1}", F, "undefined"),
+    (r"\tan\frac{\pi}{2}", r"\frac{1}{0}", F, "undefined"),
+    (r"\frac{1}{0}, 2", r"\frac{2}{0}, 2", F, "undefined"),
+    (r"\frac{x}{0}", r"\frac{x}{0}", F, "undefined"),
+    # --- implicit products are products (not mixed numbers) -----------------------------------------------------------------
+    ("2(3)", "5", F, "exact"),
+    ("2(3)", "6", T, "exact"),
+    ("(2)(3)", "5", F, "exact"),
+    ("2[3]", "5", F, "exact"),
+    # --- duplicates collapse in a set; a one-element set is its element ----------------------------------------------------
+    (r"\{2,2\}", "2", T, "set"),
+    (r"\{2,2\}", r"\{2\}", T, "set"),
+    (r"\{2, \frac{4}{2}\}", "2", T, "set"),
+    (r"\{2, 2\}", r"\{2, 3\}", F, "set"),
     # --- unicode: minus look-alikes and vulgar fractions --------------------------------------------------------------------
     ("\u20105", "-5", T, "unicode"),
     ("\u20115", "-5", T, "unicode"),

@@ -7,7 +7,7 @@ program), so it must not import anything from ``dllm_trl`` (that would pull in t
 
 Both answers arrive *as written* (the content of a box, the gold answer) and are normalised here, under the
 time bound (``_math_text.normalize_math_answer``: no whitespace, ``%`` kept as a marker, list separators written
-as ``,``); equal normalised strings are equal. :func:`parse_answer` reads the answer's
+as ``,``); equal normalised strings are equal unless the answer divides by zero. :func:`parse_answer` reads the answer's
 structure itself (lists, sets, tuples / intervals, unions, inequalities, matrices, percentages,
 multiple-choice letters, words) and hands only scalar leaves to a LaTeX parser
 (``latex2sympy2_extended``; a leaf it cannot read in full is not read at all). Decimal literals are rewritten
@@ -21,6 +21,9 @@ then applies the rules documented in ``docs/rewards.md``:
 * other exact values are equal when sympy proves ``a - b == 0`` (and different when it proves
   ``a - b != 0``); when it can do neither, when its adaptive evaluation of ``a - b`` to
   ``EVAL_DIGITS`` digits finds no non-zero digit.
+
+Values that are undefined (a division by zero: sympy's ``zoo`` or ``nan``, e.g. ``\frac{1}{0}``, ``\tan\frac{\pi}{2}``)
+make the whole answer equal to nothing, itself included.
 
 Protocol (one JSON object per line):
   parent -> worker (stdin):   {"id": int, "pred": str, "gold": str, "timeout": float}
@@ -57,6 +60,11 @@ MAX_STRUCTURAL_CHARS = 2000  # longer normalised answers are compared as strings
 class _SoftTimeout(BaseException):
     """Raised by the SIGALRM handler; BaseException so that library ``except Exception`` blocks
     inside sympy / math_verify do not swallow it."""
+
+
+class _Undefined(BaseException):
+    """A leaf of the answer is undefined (division by zero): the answer is equal to nothing. BaseException, so that
+    no ``except Exception`` on the way up turns it into an ordinary parse failure."""
 
 
 # ----------------------------------------------------------------------------- backend discovery
@@ -147,7 +155,12 @@ def _wrapped(s, opener, closers):
 
 
 _REL_TOKENS = {"<", ">", "\\le", "\\ge", "\\leq", "\\geq", "\\lt", "\\gt", "\\ne", "\\neq", "\\leqslant", "\\geqslant"}
-_CHOICE_RE = re.compile(r"^\(?([A-E])\)(?:.*)$|^([A-E])$")
+_CHOICE_RE = re.compile(r"^\(?([A-E])\)(.*)$|^([A-E])()$")
+_COMMAND_RE = re.compile(r"\\[A-Za-z]+")
+# a number (not an exponent's or subscript's digit) or a closing parenthesis directly before a group: a product.
+# latex2sympy reads "2(3)", "(2)(3)", "2{3}" as the mixed numbers 2 + 3; "2\frac{1}{2}" stays a mixed number.
+_IMPLICIT_PRODUCT_RE = re.compile(r"((?<![_^])\d|\))(?=\(|\[|\\\{|\{)")
+_MAY_BE_UNDEFINED_RE = re.compile(r"/|\\frac|\\div|\^\{?-|\\(?:tan|cot|sec|csc|log|ln|lg|infty)(?![A-Za-z])")
 _WORD_RE = re.compile(r"^[A-Za-z]{2,}$")
 _DECIMAL_RE = re.compile(r"(?<![\d.])(\d+\.\d*|\.\d+)(?![\d.])")
 _LONE_DECIMAL_RE = re.compile(r"^[-+]?(\d+\.\d*|\.\d+)$")
@@ -195,7 +208,7 @@ def _parse_scalar(text):
     if not text or parser is None:
         return None
     try:
-        expr = parser(_exact_decimals(text))
+        expr = parser(_exact_decimals(_IMPLICIT_PRODUCT_RE.sub(r"\1\\cdot ", text)))
     except _SoftTimeout:
         raise
     except Exception:
@@ -204,6 +217,8 @@ def _parse_scalar(text):
         return None
     if isinstance(expr, (sympy.Set, sympy.logic.boolalg.Boolean)) or getattr(expr, "is_Relational", False):
         return None
+    if _doit(expr).has(sympy.zoo, sympy.nan):
+        raise _Undefined()
     i = sympy.Symbol("i")
     if i in getattr(expr, "free_symbols", ()):
         expr = expr.subs(i, sympy.I)  # "i" is the imaginary unit
@@ -258,7 +273,12 @@ def _parse_item(s):
         return ("pct", inner) if inner is not None else None
     m = _CHOICE_RE.match(s)
     if m is not None:
-        return ("choice", m.group(1) or m.group(2))
+        rest = m.group(2) or ""
+        if re.search(r"[A-E]", _COMMAND_RE.sub("", rest)):
+            return None  # one choice only: "(A)(B)", "(A)B" name two
+        if rest and _MAY_BE_UNDEFINED_RE.search(rest):
+            _parse_scalar(rest)  # the choice's value, when written, must not divide by zero: (C) 12/0 is nothing
+        return ("choice", m.group(1) or m.group(3))
     cup = _split_top(s, {"\\cup"})
     if len(cup) > 1:
         sets = [_as_set(_parse_item(p)) for p in cup]
@@ -518,10 +538,10 @@ def answers_equal(a, b):
         return _match_all(a[1], b[1])
     if {ka, kb} <= {"list", "set"}:
         return _match_all(_dedupe(a[1]), _dedupe(b[1]))
-    if ka == "set" and len(a[1]) == 1 and kb != "set":
-        return answers_equal(a[1][0], b)
-    if kb == "set" and len(b[1]) == 1 and ka != "set":
-        return answers_equal(a, b[1][0])
+    if (ka == "set" or kb == "set") and "rset" not in (ka, kb):  # duplicates collapse: {2, 2} = {2} = 2
+        s, other = (a, b) if ka == "set" else (b, a)
+        distinct = _dedupe(s[1])
+        return len(distinct) == 1 and answers_equal(distinct[0], other)
     if ka == "tuple" and kb == "tuple":
         return a[1] == b[1] and a[2] == b[2] and len(a[3]) == len(b[3]) and all(
             answers_equal(x, y) for x, y in zip(a[3], b[3])
@@ -550,18 +570,34 @@ def answers_equal(a, b):
     return False
 
 
+def _undefined(answer):
+    """The (normalised) answer divides by zero somewhere."""
+    if not _MAY_BE_UNDEFINED_RE.search(answer):
+        return False
+    try:
+        parse_answer(answer)
+    except _Undefined:
+        return True
+    return False
+
+
 def compare_normalised(p, g):
     """(equal, stage) of two normalised answers: the string stage, then structure + sympy."""
     if not p or not g:
         return False, "empty"
     if p == g:
+        if _undefined(p):
+            return False, "undefined"
         return True, "string"
     if len(p) > MAX_STRUCTURAL_CHARS or len(g) > MAX_STRUCTURAL_CHARS:
         return False, "too-long"
     parser, _ = _backends()
     if parser is None:
         return False, "no-parser"
-    a, b = parse_answer(p), parse_answer(g)
+    try:
+        a, b = parse_answer(p), parse_answer(g)
+    except _Undefined:
+        return False, "undefined"
     if a is None or b is None:
         return False, "unparsed"
     return bool(answers_equal(a, b)), "sympy"
