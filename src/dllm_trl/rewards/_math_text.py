@@ -248,7 +248,8 @@ _THOUSANDS_RE = re.compile(r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 _E_NOTATION_RE = re.compile(r"(?<![\w.\\])(\d+(?:\.\d*)?|\.\d+)[eE]([+-]?\d{1,3})(?![\w.])")
 _LIST_WORD_RE = re.compile(r"\s+(?:or|and)\s+|\\text\s*\{\s*(?:or|and)\s*\}|,\s*(?:or|and)\s+", re.I)
 _LEADING_VAR_RE = re.compile(r"^\s*(?:[A-Za-z]|\\[A-Za-z]+)(?:_\{?[A-Za-z0-9]+\}?)?\s*(?:=|\\in(?![A-Za-z]))\s*(?P<rest>.+)$")
-_MINUS_LOOKALIKES = "\u2010\u2011\u2012\u2013\u2212\ufe63\uff0d"  # hyphen, non-breaking hyphen, figure dash, en dash, minus, small and fullwidth hyphen-minus
+# hyphen, non-breaking hyphen, figure dash, en dash, minus sign, small and fullwidth hyphen-minus
+_MINUS_LOOKALIKES = "\u2010\u2011\u2012\u2013\u2212\ufe63\uff0d"
 _MINUS_TABLE = str.maketrans({c: "-" for c in _MINUS_LOOKALIKES})
 _PERCENT_WORD_RE = re.compile(r"\s*(?:\\text\s*\{\s*percent\s*\}|(?<![A-Za-z])percent)\s*$")
 
