@@ -392,6 +392,7 @@ MATH_TABLE = [
     ("5" + " " * 10_000 + "+1", "5", F, "length"),
     ("5" + " " * 10_000 + "+1", "6", T, "length"),
     ("1" * 10_000 + "2", "1" * 10_001, F, "length"),
+    ("x" * 10_000 + "+1", "x" * 10_000, F, "length"),  # a cut at 10,000 characters made these equal strings
     # --- multiple choice: exactly one letter ------------------------------------------------------------------------------
     ("(A)(B)(C)(D)(E)", "A", F, "choice"),
     ("(A)(B)", "(A)", F, "choice"),
