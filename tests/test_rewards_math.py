@@ -207,6 +207,24 @@ def test_extract_boxed(text, expected):
         (r"2x", "2x"),
         (r"5.", "5"),
         (r"\text{(A)}", "(A)"),
+        ("1,250.", "1250"),  # a full stop after the answer does not hide the thousands separator
+        (r"5\text{ cm}.", "5"),
+        ("\u2212\u00bd", r"-\frac{1}{2}"),  # unicode minus and vulgar fraction
+        ("\u20103", "-3"),
+        ("2\u00bd", r"2\frac{1}{2}"),  # a mixed number
+        (r"1+2\mathrm{i}", "1+2i"),  # a single letter is a symbol, never a unit
+        (r"4\mathrm{e}", "4e"),
+        (r"5\text{ million}", "5000000"),  # a multiplier word multiplies a plain number
+        (r"2.5 million dollars", "2500000"),
+        (r"2\text{ dozen}", "24"),
+        (r"3\text{ squared}", ""),  # another number word: refused
+        (r"5\text{ halves}", ""),
+        (r"\frac12\text{ million}", ""),
+        (r"7\text{ clips}", "7"),  # a plural count noun is a unit
+        (r"5\text{ less}", "5less"),
+        ("5" + " " * 10_000 + "+1", "5+1"),  # the length limit counts after whitespace normalisation
+        ("1" * 10_001, ""),  # over the limit: refused, not cut
+        ("0.3333330", "0.3333330"),  # trailing zeros of a 6+ digit decimal are its written precision
     ],
 )
 def test_normalize(raw, norm):
@@ -263,6 +281,28 @@ def test_backends_present_and_structural_stage_active():
     assert w.answers_equal(w.parse_answer(r"\{1,2\}"), w.parse_answer(r"\{2,1\}"))
 
 
+def test_worker_program_names_do_not_collide():
+    """The worker program is _math_text.py's source followed by _math_worker.py's: a top-level name defined in both
+    would silently replace the first file's in the worker (and only there)."""
+    import ast
+    from pathlib import Path
+
+    import dllm_trl.rewards as rewards
+
+    def top_level(name):
+        tree = ast.parse((Path(rewards.__file__).parent / name).read_text())
+        out = set()
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                out.add(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                out |= {t.id for t in targets if isinstance(t, ast.Name)}
+        return out
+
+    assert not top_level("_math_text.py") & top_level("_math_worker.py")
+
+
 def test_pathological_input_is_time_bounded():
     t0 = time.monotonic()
     assert math_answers_equal(r"9^{9^{9^{9}}}", "1", timeout=1.0) is False
@@ -271,6 +311,40 @@ def test_pathological_input_is_time_bounded():
     assert elapsed < 10, elapsed
     # the pool is still usable afterwards (a killed worker is replaced)
     assert math_answers_equal("0.5", r"\frac{1}{2}") is True
+
+
+# every shape here made the cleanup of the old caller-side normalisation quadratic (or worse): 6-27 s per box
+LONG_BOXES = {
+    "digits and spaces": "1 " * 5_000,
+    "digits, spaces, a letter": "1 " * 4_999 + "a",
+    "digits": "1" * 10_000,
+    "digits and a letter": "1" * 9_999 + "a",
+    "a number and a long unit phrase": "1 " + "a " * 4_999,
+}
+
+
+@pytest.mark.parametrize("name", sorted(LONG_BOXES))
+def test_long_box_returns_within_the_time_bound(name):
+    """All cleanup runs in the worker, under math_timeout: a 10,000-character box costs at most the bound."""
+    timeout = 1.0
+    # every worker of the pool started and warm (starting one imports sympy: not part of a comparison's bound)
+    assert math_reward([r"\boxed{1}", r"\boxed{2}"], ["1", "2"], math_timeout=timeout) == [1.0, 1.0]
+    box = LONG_BOXES[name]
+    assert len(box) >= 9_990
+    t0 = time.monotonic()
+    rewards = math_reward([f"so $\\boxed{{{box}}}$", r"\boxed{5}"], ["5", f"$\\boxed{{{box}}}$"], math_timeout=timeout)
+    elapsed = time.monotonic() - t0
+    assert rewards == [0.0, 0.0]  # the box, as completion and as gold
+    assert elapsed < 3 * timeout + 2, elapsed
+    assert math_reward([r"\boxed{0.5}"], [r"\frac{1}{2}"], math_timeout=timeout) == [1.0]  # the pool still works
+
+
+def test_length_limit_after_whitespace():
+    assert math_answers_equal("5" + " " * 10_000 + "+1", "6") is True  # 5 +1, not a cut "5"
+    assert math_answers_equal("5" + " " * 10_000 + "+1", "5") is False
+    assert math_answers_equal("1" * 10_000 + "2", "1" * 10_001) is False  # not cut to equal strings
+    assert math_answers_equal("1" * 10_001, "1" * 10_001) is False  # too long: equal to nothing
+    assert math_answers_equal("5" + " " * 2_000_000, "5") is False  # over the caller's raw limit, never sent
 
 
 def test_hard_bound_kills_stuck_worker():
@@ -288,6 +362,13 @@ def test_hard_bound_kills_stuck_worker():
         t0 = time.monotonic()
         equal, stage = w.compare("1", "2", timeout=0.5)
         assert (equal, stage) == (False, "hard-timeout")
+        assert time.monotonic() - t0 < 5
+        assert w.proc is None  # killed
+        # a request larger than the pipe's buffer to a stopped worker: the write is bounded too
+        assert w.ensure_ready() is not None
+        os.kill(w.proc.pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        assert w.compare("1" * 500_000, "2", timeout=0.5) == (False, "worker-died")
         assert time.monotonic() - t0 < 5
         assert w.proc is None  # killed
         assert w.compare("2", r"\frac{4}{2}", timeout=5)[0] is True  # restarted

@@ -1,12 +1,13 @@
-r"""Worker process for the expensive math-equivalence checks (structure + sympy).
+r"""Worker process for the math-equivalence checks: cleanup of both answers, then structure + sympy.
 
-This file is executed as a standalone program (its source is passed to ``python -c`` by
-:mod:`dllm_trl.rewards.math`), so it must not import anything from ``dllm_trl`` (that would pull in
-torch) and must not rely on relative imports.  It can also be imported (``heavy_equal``) for the
-in-process fallback.
+This file is executed as a standalone program: :mod:`dllm_trl.rewards.math` passes ``python -c`` the source of
+``_math_text.py`` followed by this file's (so it has no ``from __future__`` import, which must come first in a
+program), so it must not import anything from ``dllm_trl`` (that would pull in torch). It can also be imported
+(``heavy_equal``) for the in-process fallback, and then imports ``_math_text`` as a sibling module.
 
-Both answers arrive *normalised* (``dllm_trl.rewards.math.normalize_math_answer``: no whitespace,
-``%`` kept as a marker, list separators written as ``,``). :func:`parse_answer` reads the answer's
+Both answers arrive *as written* (the content of a box, the gold answer) and are normalised here, under the
+time bound (``_math_text.normalize_math_answer``: no whitespace, ``%`` kept as a marker, list separators written
+as ``,``); equal normalised strings are equal unless the answer divides by zero. :func:`parse_answer` reads the answer's
 structure itself (lists, sets, tuples / intervals, unions, inequalities, matrices, percentages,
 multiple-choice letters, words) and hands only scalar leaves to a LaTeX parser
 (``latex2sympy2_extended``; a leaf it cannot read in full is not read at all). Decimal literals are rewritten
@@ -21,6 +22,9 @@ then applies the rules documented in ``docs/rewards.md``:
   ``a - b != 0``); when it can do neither, when its adaptive evaluation of ``a - b`` to
   ``EVAL_DIGITS`` digits finds no non-zero digit.
 
+Values that are undefined (a division by zero: sympy's ``zoo`` or ``nan``, e.g. ``\frac{1}{0}``, ``\tan\frac{\pi}{2}``)
+make the whole answer equal to nothing, itself included.
+
 Protocol (one JSON object per line):
   parent -> worker (stdin):   {"id": int, "pred": str, "gold": str, "timeout": float}
   worker -> parent (a private duplicate of the original stdout; fd 1 itself is pointed at stderr so
@@ -34,8 +38,6 @@ work (e.g. big-integer powers), so the parent additionally kills the whole worke
 when no answer arrives in time and starts a fresh worker.
 """
 
-from __future__ import annotations
-
 import json
 import logging
 import os
@@ -45,14 +47,24 @@ import sys
 import threading
 import warnings
 
-APPROX_MIN_DIGITS = 6  # significant digits a decimal needs to stand for a non-terminating value
+try:  # imported as dllm_trl.rewards._math_worker (in-process fallback)
+    from ._math_text import APPROX_MIN_DIGITS, normalize_math_answer
+except ImportError:  # run as a program: _math_text.py's source comes first, its names are already defined
+    pass
+
 EVAL_DIGITS = 60  # digits asked of sympy's evaluation of a difference it cannot simplify
 MAX_ITEMS = 64  # larger lists / sets / matrices are not compared (never equal)
+MAX_STRUCTURAL_CHARS = 2000  # longer normalised answers are compared as strings only
 
 
 class _SoftTimeout(BaseException):
     """Raised by the SIGALRM handler; BaseException so that library ``except Exception`` blocks
     inside sympy / math_verify do not swallow it."""
+
+
+class _Undefined(BaseException):
+    """A leaf of the answer is undefined (division by zero): the answer is equal to nothing. BaseException, so that
+    no ``except Exception`` on the way up turns it into an ordinary parse failure."""
 
 
 # ----------------------------------------------------------------------------- backend discovery
@@ -143,7 +155,12 @@ def _wrapped(s, opener, closers):
 
 
 _REL_TOKENS = {"<", ">", "\\le", "\\ge", "\\leq", "\\geq", "\\lt", "\\gt", "\\ne", "\\neq", "\\leqslant", "\\geqslant"}
-_CHOICE_RE = re.compile(r"^\(?([A-E])\)(?:.*)$|^([A-E])$")
+_CHOICE_RE = re.compile(r"^\(?([A-E])\)(.*)$|^([A-E])()$")
+_COMMAND_RE = re.compile(r"\\[A-Za-z]+")
+# a number (not an exponent's or subscript's digit) or a closing parenthesis directly before a group: a product.
+# latex2sympy reads "2(3)", "(2)(3)", "2{3}" as the mixed numbers 2 + 3; "2\frac{1}{2}" stays a mixed number.
+_IMPLICIT_PRODUCT_RE = re.compile(r"((?<![_^])\d|\))(?=\(|\[|\\\{|\{)")
+_MAY_BE_UNDEFINED_RE = re.compile(r"/|\\frac|\\div|\^\{?-|\\(?:tan|cot|sec|csc|log|ln|lg|infty)(?![A-Za-z])")
 _WORD_RE = re.compile(r"^[A-Za-z]{2,}$")
 _DECIMAL_RE = re.compile(r"(?<![\d.])(\d+\.\d*|\.\d+)(?![\d.])")
 _LONE_DECIMAL_RE = re.compile(r"^[-+]?(\d+\.\d*|\.\d+)$")
@@ -191,7 +208,7 @@ def _parse_scalar(text):
     if not text or parser is None:
         return None
     try:
-        expr = parser(_exact_decimals(text))
+        expr = parser(_exact_decimals(_IMPLICIT_PRODUCT_RE.sub(r"\1\\cdot ", text)))
     except _SoftTimeout:
         raise
     except Exception:
@@ -200,6 +217,8 @@ def _parse_scalar(text):
         return None
     if isinstance(expr, (sympy.Set, sympy.logic.boolalg.Boolean)) or getattr(expr, "is_Relational", False):
         return None
+    if _doit(expr).has(sympy.zoo, sympy.nan):
+        raise _Undefined()
     i = sympy.Symbol("i")
     if i in getattr(expr, "free_symbols", ()):
         expr = expr.subs(i, sympy.I)  # "i" is the imaginary unit
@@ -254,7 +273,12 @@ def _parse_item(s):
         return ("pct", inner) if inner is not None else None
     m = _CHOICE_RE.match(s)
     if m is not None:
-        return ("choice", m.group(1) or m.group(2))
+        rest = m.group(2) or ""
+        if re.search(r"[A-E]", _COMMAND_RE.sub("", rest)):
+            return None  # one choice only: "(A)(B)", "(A)B" name two
+        if rest and _MAY_BE_UNDEFINED_RE.search(rest):
+            _parse_scalar(rest)  # the choice's value, when written, must not divide by zero: (C) 12/0 is nothing
+        return ("choice", m.group(1) or m.group(3))
     cup = _split_top(s, {"\\cup"})
     if len(cup) > 1:
         sets = [_as_set(_parse_item(p)) for p in cup]
@@ -514,10 +538,10 @@ def answers_equal(a, b):
         return _match_all(a[1], b[1])
     if {ka, kb} <= {"list", "set"}:
         return _match_all(_dedupe(a[1]), _dedupe(b[1]))
-    if ka == "set" and len(a[1]) == 1 and kb != "set":
-        return answers_equal(a[1][0], b)
-    if kb == "set" and len(b[1]) == 1 and ka != "set":
-        return answers_equal(a, b[1][0])
+    if (ka == "set" or kb == "set") and "rset" not in (ka, kb):  # duplicates collapse: {2, 2} = {2} = 2
+        s, other = (a, b) if ka == "set" else (b, a)
+        distinct = _dedupe(s[1])
+        return len(distinct) == 1 and answers_equal(distinct[0], other)
     if ka == "tuple" and kb == "tuple":
         return a[1] == b[1] and a[2] == b[2] and len(a[3]) == len(b[3]) and all(
             answers_equal(x, y) for x, y in zip(a[3], b[3])
@@ -546,12 +570,48 @@ def answers_equal(a, b):
     return False
 
 
-def heavy_equal(pred: str, gold: str, timeout: float = 5.0) -> tuple[bool, str]:
-    """Structure + sympy comparison of two normalised answers. Returns (equal, stage). Never raises
-    (a soft timeout gives ``(False, "timeout")``). Uses SIGALRM only when called from the main
-    thread."""
+def _undefined(answer):
+    """The (normalised) answer divides by zero somewhere."""
+    if not _MAY_BE_UNDEFINED_RE.search(answer):
+        return False
+    try:
+        parse_answer(answer)
+    except _Undefined:
+        return True
+    return False
+
+
+def compare_normalised(p, g):
+    """(equal, stage) of two normalised answers: the string stage, then structure + sympy."""
+    if not p or not g:
+        return False, "empty"
+    if p == g:
+        if _undefined(p):
+            return False, "undefined"
+        return True, "string"
+    if len(p) > MAX_STRUCTURAL_CHARS or len(g) > MAX_STRUCTURAL_CHARS:
+        return False, "too-long"
     parser, _ = _backends()
-    use_alarm = threading.current_thread() is threading.main_thread() and timeout and timeout > 0
+    if parser is None:
+        return False, "no-parser"
+    try:
+        a, b = parse_answer(p), parse_answer(g)
+    except _Undefined:
+        return False, "undefined"
+    if a is None or b is None:
+        return False, "unparsed"
+    return bool(answers_equal(a, b)), "sympy"
+
+
+def heavy_equal(pred: str, gold: str, timeout: float = 5.0) -> tuple[bool, str]:
+    """Comparison of two answers as written (or already normalised; normalisation is idempotent): cleanup, string
+    stage, structure + sympy, all under the time bound. Returns (equal, stage). Never raises (a soft timeout gives
+    ``(False, "timeout")``). Uses SIGALRM only when called from the main thread; from another thread (the
+    in-process fallback) only the normalised strings are compared."""
+    if threading.current_thread() is not threading.main_thread():
+        p, g = normalize_math_answer(pred), normalize_math_answer(gold)
+        return bool(p) and p == g, "string-only"
+    use_alarm = bool(timeout and timeout > 0)
 
     def _handler(signum, frame):
         raise _SoftTimeout()
@@ -563,12 +623,7 @@ def heavy_equal(pred: str, gold: str, timeout: float = 5.0) -> tuple[bool, str]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            if parser is None:
-                return False, "no-parser"
-            a, b = parse_answer(pred), parse_answer(gold)
-            if a is None or b is None:
-                return False, "unparsed"
-            return bool(answers_equal(a, b)), "sympy"
+            return compare_normalised(normalize_math_answer(pred), normalize_math_answer(gold))
     except _SoftTimeout:
         return False, "timeout"
     except BaseException:  # RecursionError, MemoryError, ...
