@@ -22,7 +22,7 @@ and before any candidate code runs it:
 8. clears the environment; reports what was enforced ("boot" message, sent before any candidate
    code runs, hence authentic), then executes the candidate program, reports its globals
    ("loaded": callables and other objects as handle numbers, data as values) and serves requests:
-   calls and operations (attribute, ``len``, iteration, indexing, ``in``, ``str``) on handles,
+   calls and operations (attribute, ``len``, iteration, indexing, ``str``) on handles,
    answering each with data, new handles, and the new state of mutated arguments; a callable the
    judge passed becomes a stub that asks the judge to run it (nested requests are served
    meanwhile).
@@ -282,8 +282,6 @@ class _Session:
                     result = list(iter(target))
                 elif kind == "getitem":
                     result = target[arg]
-                elif kind == "contains":
-                    result = arg in target
                 elif kind == "str":
                     result = str(target)
                 else:

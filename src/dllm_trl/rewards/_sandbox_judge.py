@@ -317,9 +317,11 @@ def _is_name(name):
 
 class RemoteObject:
     """What the tests see in place of a candidate object (a function, a class, an instance): calls,
-    attribute reads and writes, ``len``, iteration, indexing and ``in`` are forwarded to the
-    executor; the replies are data. Equality is identity of the sandboxed object (never the
-    candidate's ``__eq__``), and truth testing is refused (never the candidate's ``__bool__``)."""
+    attribute reads and writes, ``len``, iteration and indexing are forwarded to the executor; the
+    replies are data. ``x in obj`` looks for ``x`` among the object's items (its iteration, received
+    as data) with the judge's own comparison, never the candidate's ``__contains__``. Equality is
+    identity of the sandboxed object (never the candidate's ``__eq__``), and truth testing is refused
+    (never the candidate's ``__bool__``)."""
 
     __slots__ = ("_executor", "_hid", "_label")
 
@@ -360,10 +362,9 @@ class RemoteObject:
         return self._op("op", op="getitem", arg=key)
 
     def __contains__(self, item):
-        found = self._op("op", op="contains", arg=item)
-        if type(found) is not bool:
-            raise TypeError("'in' on a sandboxed object must give a bool")
-        return found
+        # never the candidate's __contains__ (it could answer True to anything): membership among
+        # the object's items, received as data and compared here, as ``in`` on a list does
+        return item in self.__iter__()
 
     def __bool__(self):
         raise TypeError("the truth value of a sandboxed object is not taken")

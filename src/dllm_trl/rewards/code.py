@@ -18,9 +18,10 @@ Architecture (three processes per completion)
   boundary as data (tagged JSON, ``_sandbox_codec.py``: builtin values, ``Fraction``, ``Decimal``,
   dates, namedtuples, dataclass records, exhausted iterators); other objects (instances, classes,
   closures) stay in the executor and are used through handles (calls, attributes, ``len``,
-  iteration, indexing, ``in``, ``str``); callables the tests pass in are called back in the
-  judge; in-place changes to list / dict / set / bytearray arguments are written back. Every
-  assertion / comparison is evaluated in the judge on values of trusted types.
+  iteration, indexing, ``str``; ``x in obj`` is ``x`` among the object's items, compared in the
+  judge); callables the tests pass in are called back in the judge; in-place changes to list /
+  dict / set / bytearray arguments are written back. Every assertion / comparison is evaluated in
+  the judge on values of trusted types.
 
 Guarantees when the trainer runs as **root** on Linux with namespaces available (checked by
 ``tests/test_rewards_code.py``; :func:`sandbox_capabilities` reports what holds at run time):
