@@ -51,6 +51,9 @@ SAFE_IMPORTS = {
     "random", "array", "hashlib", "json", "textwrap", "unicodedata", "struct", "calendar", "time",
 }
 
+# names a test may mean as a module: what it reads as ``name.attr`` among these is never the program's
+STDLIB_MODULES = frozenset(getattr(sys, "stdlib_module_names", ())) | SAFE_IMPORTS
+
 
 class InfraError(Exception):
     """The sandbox could not be set up (not the candidate's fault)."""
@@ -426,6 +429,13 @@ def _names_used(code_ast):
     return {n.id for n in ast.walk(code_ast) if isinstance(n, ast.Name)}
 
 
+def _modules_read(code_ast):
+    """Names of standard-library modules that the test reads as modules: the base of an attribute
+    (``math.isclose``, ``re.match``, ``os.path.join``)."""
+    return {n.value.id for n in ast.walk(code_ast)
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in STDLIB_MODULES}
+
+
 class Judge:
     def __init__(self, job):
         self.job = job
@@ -543,15 +553,15 @@ class Judge:
                 try:
                     tree = ast.parse(src)
                     code = compile(tree, "<test %d>" % i, "exec")
-                    used = _names_used(tree)
+                    used, modules = _names_used(tree), _modules_read(tree)
                 except (SyntaxError, ValueError, RecursionError, MemoryError):
-                    code, used = None, set()
+                    code, used, modules = None, set(), set()
 
-                def body(code=code, used=used, i=i):
+                def body(code=code, used=used, modules=modules, i=i):
                     if code is None:
                         raise TestBroken("test %d does not compile" % i)
                     ex = self.ensure_executor()
-                    exec(code, self.namespace(base, ex, used))
+                    exec(code, self.namespace(base, ex, used, modules))
 
                 self.run_test(i, body)
         else:
@@ -576,14 +586,19 @@ class Judge:
 
             self.run_test(0, body)
 
-    def namespace(self, base, ex, used):
+    def namespace(self, base, ex, used, modules=()):
         """The test's globals: trusted setup first (never overridden), then what the candidate
         defines. A candidate name that shadows a builtin is bound only when the test calls no other
         candidate name (``assert pow(2, 3) == 8`` tests the candidate's ``pow``); when the test does
-        (``assert len(f(1)) == 3``), builtin-named definitions stay the candidate's own helpers."""
+        (``assert len(f(1)) == 3``), builtin-named definitions stay the candidate's own helpers.
+        A name the test reads as a module (``modules``: ``math`` in ``math.isclose(...)``) is never
+        the candidate's: it is the module when the setup or one of the program's allow-listed
+        ``import`` statements (run here, see :func:`candidate_safe_imports`) provides it, else unbound."""
         ns = dict(base)
         candidate = dict(ex.values)
         candidate.update(ex.names)
+        for name in modules:
+            candidate.pop(name, None)
         primary = [n for n in candidate if n in used and n not in base and not hasattr(builtins, n)]
         for name, value in candidate.items():
             if name in base:

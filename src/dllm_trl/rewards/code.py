@@ -35,7 +35,8 @@ Guarantees when the trainer runs as **root** on Linux with namespaces available 
   never enter the executor (it only sees the arguments of the calls made to it); the candidate's
   names never replace trusted test-setup names, and a builtin-named definition is used only as the
   function under test (``assert pow(2, 3) == 8`` calls the candidate's ``pow``; in ``assert
-  len(f(1)) == 3`` the builtin ``len`` stays);
+  len(f(1)) == 3`` the builtin ``len`` stays); a name the test reads as a standard-library module
+  (``math`` in ``math.isclose(...)``) is never the candidate's definition, only the real module;
 * time: per-test wall-clock budget (``timeout``, module loading is charged to the first test),
   also for the judge's own work on candidate values (see *caller*), per-completion budget,
   ``RLIMIT_CPU``; writes to a candidate that stopped reading are bounded too; the caller's own
