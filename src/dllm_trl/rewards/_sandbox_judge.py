@@ -15,7 +15,9 @@ the executor, which calls the real function and ships the result back as data (s
 ``_sandbox_codec.py``); objects that are not data stay in the executor and come back as proxies
 again; callables the test passes in (``key=len``, a lambda) are called back here; in-place changes
 to the test's list / dict / set arguments are written back. Assertions and comparisons are
-evaluated here on values of trusted types. Consequently the candidate cannot patch the test
+evaluated here on values of trusted types. A value the test builds by calling a class of the
+candidate is kept as data only when it holds the test's own arguments (:func:`_constructed`);
+names the test reads as modules are never the candidate's (:meth:`Judge.namespace`). Consequently the candidate cannot patch the test
 machinery or builtins used by the tests, cannot see expected values (they never leave this
 process), cannot forge a pass by exiting / printing / writing to the channel (requests carry
 unpredictable ids), and ``__eq__`` / ``__bool__`` tricks never run here.
@@ -28,6 +30,7 @@ executor chroots.
 
 import ast
 import builtins
+import collections
 import ctypes
 import json
 import os
@@ -178,6 +181,11 @@ class Executor:
         self.load_error = None
         self.names = {}
         self.values = {}
+        # handles of sandboxed objects: received by the judge; handed by the test to the program
+        # (as an argument, or by using the object); returned again by a class call (a shared instance)
+        self.seen = set()
+        self.released = set()
+        self.shared = set()
 
     def alive(self):
         return self.proc is not None and self.proc.poll() is None
@@ -236,6 +244,7 @@ class Executor:
         for name, hid in list(names.items())[:10000]:
             if _is_name(name) and type(hid) is int:
                 self.names[name] = RemoteObject(self, hid, name)
+                self.seen.add(hid)
         for name, enc in list(values.items())[:10000]:
             if _is_name(name) and name not in self.names:
                 try:
@@ -301,6 +310,7 @@ class Executor:
             if isinstance(obj, RemoteObject):
                 if obj._executor is not self:
                     raise TypeError("object of an earlier sandbox run")
+                self.released.add(obj._hid)
                 return {"h": obj._hid}
             if callable(obj):
                 fid = len(callbacks) + 1
@@ -326,12 +336,13 @@ class RemoteObject:
     identity of the sandboxed object (never the candidate's ``__eq__``), and truth testing is refused
     (never the candidate's ``__bool__``)."""
 
-    __slots__ = ("_executor", "_hid", "_label")
+    __slots__ = ("_executor", "_hid", "_label", "_built")
 
-    def __init__(self, executor, hid, label):
+    def __init__(self, executor, hid, label, built=False):
         object.__setattr__(self, "_executor", executor)
         object.__setattr__(self, "_hid", hid)
         object.__setattr__(self, "_label", label)
+        object.__setattr__(self, "_built", built)  # made by the test's call of a class of the program
 
     def _op(self, kind, **fields):
         return _JUDGE.remote(self, kind, fields)
@@ -383,7 +394,7 @@ class RemoteObject:
             other = other._handle
         if not isinstance(other, RemoteObject):
             return NotImplemented
-        return self._executor is other._executor and self._hid == other._hid
+        return _same_object(self, other)
 
     def __ne__(self, other):
         eq = self.__eq__(other)
@@ -394,6 +405,93 @@ class RemoteObject:
 
     def __repr__(self):
         return "<sandboxed %s>" % self._label
+
+
+def _same_object(a, b):
+    """Equality of two handles: the same sandboxed object. An object the test built with a class of
+    the program equals only itself until the test has handed it to the program (then also the
+    handles the program returns for it), and never anything else when the class gave an object that
+    existed already (a shared or cached instance: the program could return it unasked)."""
+    if a is b:
+        return True
+    if a._executor is not b._executor or a._hid != b._hid:
+        return False
+    ex = a._executor
+    for side in (a, b):
+        if side._built and (side._hid in ex.shared or side._hid not in ex.released):
+            return False
+    return True
+
+
+# classes the judge rebuilds itself when a test calls the program's import of them (their values
+# arrive as plain dicts, which ``dict(...)`` would not rebuild from the same arguments)
+_TRUSTED_CLASSES = {
+    "collections.Counter": collections.Counter,
+    "collections.defaultdict": collections.defaultdict,
+    "collections.OrderedDict": collections.OrderedDict,
+}
+
+
+def _constructed(ex, value, made, args, kwargs, known):
+    """The value of the test's call ``C(*args, **kwargs)`` of a class of the program. A value that
+    travels as data is kept only when it holds the test's own arguments: a dataclass record or a
+    namedtuple whose fields given by the call equal the arguments given for them; another value (an
+    ``int`` / ``list`` / ``dict`` subclass, ``Fraction``, a date) when the judge's own constructor
+    of its type gives an equal value from the same arguments. Otherwise (a constructor that
+    discards or rewrites its arguments) it is the sandboxed object itself, a handle: usable through
+    calls, attributes, iteration, but equal only as :func:`_same_object` says."""
+    hid = made["obj"]
+    if known:
+        ex.shared.add(hid)
+    if isinstance(value, RemoteObject):
+        return RemoteObject(ex, value._hid, value._label, built=True) if value._hid == hid else value
+    if type(value) is type(iter([])):
+        return value  # an iterator, exhausted in the sandbox: equal only to itself anyway
+    try:
+        faithful = _holds_arguments(value, made, args, kwargs)
+    except Exception:
+        faithful = False
+    if not faithful:
+        return RemoteObject(ex, hid, str(made.get("name", "object"))[:100], built=True)
+    if isinstance(value, Record) and isinstance(value._handle, RemoteObject):  # noqa: F821
+        handle = value._handle
+        object.__setattr__(value, "_handle", RemoteObject(ex, handle._hid, handle._label, built=True))
+    return value
+
+
+def _holds_arguments(value, made, args, kwargs):
+    if isinstance(value, Record):  # noqa: F821
+        return _bound_fields_equal(value._fields, value._values, made.get("init"), args, kwargs)
+    if isinstance(value, tuple) and _is_namedtuple(value):  # noqa: F821
+        fields = tuple(type(value)._fields)
+        return _bound_fields_equal(fields, tuple.__iter__(value), list(fields), args, kwargs)
+    cls = _TRUSTED_CLASSES.get(made.get("name"))
+    if cls is None:
+        cls = type(value)  # a type the decoder made: a trusted builtin / stdlib value type
+        rebuilt = cls(*args, **kwargs)
+        return type(rebuilt) is cls and (rebuilt is value or rebuilt == value)
+    return cls(*args, **kwargs) == value
+
+
+def _bound_fields_equal(fields, values, params, args, kwargs):
+    """Whether the call's arguments, bound to the constructor's field parameters ``params`` (from
+    the sandbox: only trusted as far as this check goes), each land in a field that holds them."""
+    fields, values = tuple(fields), tuple(values)
+    params = params if isinstance(params, list) else []
+    if len(args) > len(params):
+        return False
+    bound = list(zip(params, args))
+    for key, v in kwargs.items():
+        if key not in params or any(name == key for name, _ in bound):
+            return False
+        bound.append((key, v))
+    for name, v in bound:
+        if not isinstance(name, str) or name not in fields:
+            return False  # an argument that lands in no field (an InitVar, a made-up parameter)
+        held = values[fields.index(name)]
+        if not (held is v or held == v):
+            return False
+    return True
 
 
 # ----------------------------------------------------------------------------- judge
@@ -450,6 +548,7 @@ class Judge:
         ex = obj._executor
         if ex is not self.executor or not ex.alive():
             raise CandidateCrashed("object of an earlier sandbox run")
+        ex.released.add(obj._hid)  # the test uses the object: the program now holds it
         callbacks = {}
         msg = {"k": kind, "target": obj._hid}
         if kind == "call":
@@ -464,10 +563,22 @@ class Judge:
         reply = ex.request(msg, self.deadline, callbacks, resolve)
         if reply["k"] == "exc":
             raise _candidate_exception(reply)
+        made = reply.get("cls") if kind == "call" else None
+        if made is not None and not (isinstance(made, dict) and (made.get("obj") is None or type(made.get("obj")) is int)):
+            ex.kill()
+            raise CandidateCrashed("bad reply: malformed construction")
+        known = made is not None and made.get("obj") in ex.seen
         try:
             value = decode_value(reply.get("v"), resolve)  # noqa: F821
             if kind == "call":
                 _write_back(fields["args"], fields["kwargs"], reply.get("mut"), resolve)
+            if made is not None and made.get("obj") is not None:
+                # the arguments as the program received them (the judge's own encoding, read back)
+                def sent(tag, v):
+                    return RemoteObject(ex, v, "argument") if tag == "h" and type(v) is int else resolve(tag, v)
+
+                args, kwargs = decode_value(msg["args"], sent), decode_value(msg["kwargs"], sent)  # noqa: F821
+                value = _constructed(ex, value, made, args, kwargs, known)
         except CodecError as exc:  # noqa: F821
             ex.kill()
             raise CandidateCrashed("bad reply: %s" % exc)
@@ -476,6 +587,7 @@ class Judge:
     def _resolve_from(self, ex, callbacks):
         def resolve(tag, v):
             if tag == "h" and isinstance(v, list) and len(v) == 2 and type(v[0]) is int:
+                ex.seen.add(v[0])
                 return RemoteObject(ex, v[0], str(v[1])[:100])
             if tag == "cb" and type(v) is int and v in callbacks:
                 return callbacks[v]  # one of the test's own callables, handed back

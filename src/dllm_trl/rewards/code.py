@@ -77,7 +77,12 @@ candidate (this mode is not exercised by the tests).
 
 Semantics and limitations (each tested in ``tests/code_program_table.py``, listed in
 ``docs/rewards.md``): equality of a candidate object that is not data is identity (a class with its
-own ``__eq__`` compared with a fresh instance fails; dataclasses compare by their fields),
+own ``__eq__`` compared with a fresh instance fails; dataclasses compare by their fields); a value
+the test builds by calling a class of the program is a value only when it holds the test's own
+arguments (else it is the sandboxed object, equal only to itself: a constructor that discards its
+arguments cannot make all instances equal), and such an object is not the program's answer before
+the test hands it over (a shared instance cannot be returned as the answer); ``x in obj`` is
+membership among the object's items (never its ``__contains__``);
 truth-testing such an object raises, operators (``+``, ``<``) on it are not forwarded; methods of
 namedtuple subclasses are lost; objects the *tests* build from their own classes cannot be passed
 in; the candidate cannot use threads or subprocesses; stdout/stdin are /dev/null; the candidate
