@@ -282,7 +282,8 @@ class _Session:
         hid = ref["h"][0]
         info = {"obj": hid}
         try:
-            info["name"] = "%s.%s" % (str(_GETATTR(target, "__module__", ""))[:100], str(_GETATTR(target, "__qualname__", ""))[:100])
+            module, qualname = _GETATTR(target, "__module__", ""), _GETATTR(target, "__qualname__", "")
+            info["name"] = "%s.%s" % (str(module)[:100], str(qualname)[:100])
         except Exception:
             pass
         try:

@@ -15,12 +15,14 @@ the executor, which calls the real function and ships the result back as data (s
 ``_sandbox_codec.py``); objects that are not data stay in the executor and come back as proxies
 again; callables the test passes in (``key=len``, a lambda) are called back here; in-place changes
 to the test's list / dict / set arguments are written back. Assertions and comparisons are
-evaluated here on values of trusted types. A value the test builds by calling a class of the
-candidate is kept as data only when it holds the test's own arguments (:func:`_constructed`);
-names the test reads as modules are never the candidate's (:meth:`Judge.namespace`). Consequently the candidate cannot patch the test
-machinery or builtins used by the tests, cannot see expected values (they never leave this
-process), cannot forge a pass by exiting / printing / writing to the channel (requests carry
-unpredictable ids), and ``__eq__`` / ``__bool__`` tricks never run here.
+evaluated here on values of trusted types; ``x in obj`` on a proxy is membership among its items.
+A value the test builds by calling a class of the candidate is kept as data only when it holds
+the test's own arguments (:func:`_constructed`); names the test reads as modules are never the
+candidate's (:meth:`Judge.namespace`). Consequently the candidate cannot patch the test machinery
+or builtins used by the tests, cannot see expected values (they never leave this process, except
+as arguments of the test's own calls of the candidate's code), cannot forge a pass by exiting /
+printing / writing to the channel (requests carry unpredictable ids), and ``__eq__`` /
+``__contains__`` / ``__bool__`` tricks never run here.
 
 When running as root the judge also creates a mount + network + IPC namespace, mounts a size-capped
 tmpfs on the scratch folder and builds a minimal root there (read-only bind mounts of the Python
@@ -563,8 +565,8 @@ class Judge:
         reply = ex.request(msg, self.deadline, callbacks, resolve)
         if reply["k"] == "exc":
             raise _candidate_exception(reply)
-        made = reply.get("cls") if kind == "call" else None
-        if made is not None and not (isinstance(made, dict) and (made.get("obj") is None or type(made.get("obj")) is int)):
+        made = reply.get("cls") if kind == "call" else None  # the call was a class's: what it made
+        if made is not None and not (isinstance(made, dict) and type(made.get("obj")) in (int, type(None))):
             ex.kill()
             raise CandidateCrashed("bad reply: malformed construction")
         known = made is not None and made.get("obj") in ex.seen
