@@ -230,6 +230,8 @@ HOSTILE = [
     ("discard_new_fraction_subclass", "from fractions import Fraction\nclass F(Fraction):\n    def __new__(cls, *args):\n        return Fraction.__new__(cls, 0)\ndef half(n):\n    return F()",
      ["assert half(3) == F(3, 2)"]),
     ("new_returns_none", "class Point:\n    def __new__(cls, *args):\n        return None\ndef mid(a, b):\n    return None", ["assert mid(0, 4) == Point(2, 2)"]),
+    ("new_returns_true", "class Point:\n    def __new__(cls, *args):\n        return True\ndef mid(a, b):\n    return True", ["assert mid(0, 4) == Point(2)"]),
+    ("new_returns_empty_range", "class Point:\n    def __new__(cls, *args):\n        return range(*args)\ndef mid(a, b):\n    return range(0)", ["assert mid(0, 4) == Point(3, 1)"]),
     ("new_returns_dict_keys", "class Point:\n    def __new__(cls, *args):\n        return {}.keys()\ndef mid(a, b):\n    return {}.keys()", ["assert mid(0, 4) == Point(2, 2)"]),
     ("new_returns_other_record", "from dataclasses import dataclass\n@dataclass\nclass _P:\n    pass\nclass Point:\n    def __new__(cls, *args):\n        return _P()\ndef mid(a, b):\n    return _P()", ["assert mid(0, 4) == Point(2, 2)"]),
     ("fake_dataclass_fields", "class F:\n    _field_type = type('T', (), {'name': '_FIELD'})()\n    init = True\nclass Point:\n    __dataclass_fields__ = {'x': F(), 'y': F()}\n    x = 0\n    y = 0\n    def __init__(self, *args):\n        pass\ndef mid(a, b):\n    return Point()",

@@ -225,6 +225,7 @@ def _boot():
 _MUTABLE = (list, dict, set, bytearray)
 # taken before the candidate runs (it may patch builtins in this process)
 _TYPE, _ISSUBCLASS, _ID, _GETATTR = type, issubclass, id, getattr
+_REAL_SUBCLASS = type.__subclasscheck__  # the MRO itself, never a metaclass's __subclasscheck__
 # results of a class call that are not tracked as built objects: values without identity worth
 # tracking, and often shared (small ints, interned strings, the empty tuple)
 _PLAIN = (type(None), bool, int, float, complex, str, bytes, tuple, frozenset, range)
@@ -274,13 +275,18 @@ class _Session:
 
     def construction(self, target, result, known):
         """What the judge needs about a call of the class ``target`` that gave ``result``: the
-        object's handle and, for a dataclass instance, the fields its constructor takes, in order
-        (None where it takes an InitVar, not a field). Registers the object as built by the test."""
+        object's handle, whether it is an instance of ``target`` and, for a dataclass instance, the
+        fields its constructor takes, in order (None where it takes an InitVar, not a field).
+        Registers the object as built by the test."""
         ref = self.handle(result)
         if "h" not in ref:
             return {"obj": None}  # one of the judge's own callables, handed back
         hid = ref["h"][0]
-        info = {"obj": hid}
+        info = {"obj": hid, "own": False}
+        try:
+            info["own"] = bool(_REAL_SUBCLASS(target, _TYPE(result)))  # an instance of the class called
+        except Exception:
+            pass
         try:
             module, qualname = _GETATTR(target, "__module__", ""), _GETATTR(target, "__qualname__", "")
             info["name"] = "%s.%s" % (str(module)[:100], str(qualname)[:100])

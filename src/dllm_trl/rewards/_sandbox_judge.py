@@ -436,7 +436,8 @@ _TRUSTED_CLASSES = {
 
 def _constructed(ex, value, made, args, kwargs, known):
     """The value of the test's call ``C(*args, **kwargs)`` of a class of the program. A value that
-    travels as data is kept only when it holds the test's own arguments: a dataclass record or a
+    travels as data is kept only when it is an instance of the class called and holds the test's
+    own arguments: a dataclass record or a
     namedtuple whose fields given by the call equal the arguments given for them; another value (an
     ``int`` / ``list`` / ``dict`` subclass, ``Fraction``, a date) when the judge's own constructor
     of its type gives an equal value from the same arguments. Otherwise (a constructor that
@@ -450,7 +451,9 @@ def _constructed(ex, value, made, args, kwargs, known):
     if type(value) is type(iter([])):
         return value  # an iterator, exhausted in the sandbox: equal only to itself anyway
     try:
-        faithful = _holds_arguments(value, made, args, kwargs)
+        # a value of another type than the class called (a __new__ returning a range, a bool, None,
+        # another class's record) could pick a constructor that loses its arguments: an object
+        faithful = made.get("own") is True and _holds_arguments(value, made, args, kwargs)
     except Exception:
         faithful = False
     if not faithful:
@@ -470,6 +473,8 @@ def _holds_arguments(value, made, args, kwargs):
     cls = _TRUSTED_CLASSES.get(made.get("name"))
     if cls is None:
         cls = type(value)  # a type the decoder made: a trusted builtin / stdlib value type
+        if cls in (bool, type(None)):
+            return False  # no class makes these; bool(x) is True for every truthy argument
         rebuilt = cls(*args, **kwargs)
         return type(rebuilt) is cls and (rebuilt is value or rebuilt == value)
     return cls(*args, **kwargs) == value
