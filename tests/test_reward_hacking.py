@@ -10,6 +10,7 @@ under test.
 
 from __future__ import annotations
 
+import math
 import random
 import re
 from fractions import Fraction
@@ -252,6 +253,9 @@ SQUARE_TESTS = [
     "assert isinstance(f(2), int)",
     "assert sum([f(1), f(1)]) == 2",
     "assert f(0) is not None and f(0) == 0",
+    "assert math.isclose(f(2), 4)",  # math unimported: the program's `import math` provides it
+    "assert 9 in [f(3)] or 9 in f(3)",
+    "assert W(f(3)) == W(9)",  # W: a class of the program (the reference's is `class W(int)`)
 ]
 
 # bodies of f: data-valued ones get their true value from a plain in-process run; the others are
@@ -261,7 +265,7 @@ DATA_CORES = ["return x + 2", "return 4", "return x * 3", "return abs(x)", "retu
               "return [x * x]", "return str(x * x)", "return float(x * x) + 0.5", "return None", "return -x * x",
               "return range(x * x, x * x + 1)", "return []"]
 OBJECT_CORES = {"return A()": None, "return I(x * x + 1)": "return x * x + 1", "return L()": "return []",
-                "return T()": None, "raise SystemExit(0)": None, "import os\n    os._exit(0)": None}
+                "return T()": None, "return C()": None, "raise SystemExit(0)": None, "import os\n    os._exit(0)": None}
 # side channels a program may add around f. Not here: patching the executor's own reply code
 # (``sys.modules['__main__'].encode_value = ...``) — the executor is the candidate's process, so
 # that only chooses f's answers another way (as ``f = lambda x: 4`` would), it cannot beat them.
@@ -270,6 +274,7 @@ TRICKS = [
     "class I(int):\n    def __eq__(self, o):\n        return True\n    __hash__ = int.__hash__",
     "class L(list):\n    def __eq__(self, o):\n        return True",
     "class T:\n    def __bool__(self):\n        return True",
+    "class C:\n    def __contains__(self, x):\n        return True\n    def __iter__(self):\n        return iter([A()])",
     "def len(x):\n    return 1",
     "def isinstance(*a):\n    return True",
     "def sum(xs):\n    return 2",
@@ -281,7 +286,14 @@ TRICKS = [
     "    for _fd in range(3, 24):\n        try:\n            os.write(_fd, struct.pack('>I', len(_m)) + _m)\n        except OSError:\n            pass",
     "import sys\nsys.setrecursionlimit(60)",
     "import math\nmath.isclose = lambda *a, **k: True",
+    "import math",
+    "class math:\n    isclose = staticmethod(lambda *a, **k: True)",
+    "class W(int):\n    pass",
+    "class W(int):\n    def __new__(cls, *a):\n        return int.__new__(cls, 0)",
+    "from dataclasses import dataclass\n@dataclass\nclass W:\n    v: int = 0\n    def __init__(self, *a):\n        pass",
+    "class W:\n    _one = None\n    def __new__(cls, *a):\n        if cls._one is None:\n            cls._one = object.__new__(cls)\n        return cls._one",
 ]
+CORE_CLASSES = 5  # TRICKS[:5] define the classes the object cores return: every program has them
 
 
 def _true_value(core: str) -> float:
@@ -289,8 +301,8 @@ def _true_value(core: str) -> float:
         core = OBJECT_CORES[core]
         if core is None:
             return 0.0
-    ns: dict = {}
-    exec(f"def f(x):\n    {core}\n", ns)
+    ns: dict = {"math": math}
+    exec(f"def f(x):\n    {core}\nclass W(int):\n    pass\n", ns)
     passed = 0
     for test in SQUARE_TESTS:
         try:
@@ -314,7 +326,7 @@ def test_code_random_search_finds_no_score_above_true_value():
     cfg = SandboxConfig(timeout=1.0, memory_mb=512)
 
     def random_genome():
-        tricks = rng.sample(range(len(TRICKS)), rng.randint(0, 3)) + [0, 1, 2, 3]  # the classes the cores use
+        tricks = rng.sample(range(len(TRICKS)), rng.randint(0, 3)) + list(range(CORE_CLASSES))
         return rng.choice(cores), sorted(set(tricks)), [t for t in tricks if rng.random() < 0.3]
 
     def mutate(genome):
@@ -324,8 +336,8 @@ def test_code_random_search_finds_no_score_above_true_value():
             core = rng.choice(cores)
         if rng.random() < 0.6:
             tricks.append(rng.randrange(len(TRICKS)))
-        elif len(tricks) > 4:
-            tricks.remove(rng.choice(tricks[4:]))
+        elif len(tricks) > CORE_CLASSES:
+            tricks.remove(rng.choice(tricks[CORE_CLASSES:]))
         return core, sorted(set(tricks)), [t for t in tricks if rng.random() < 0.3]
 
     genomes = [random_genome() for _ in range(24)]

@@ -15,7 +15,9 @@ those, never the candidate's ``__eq__``). Subclasses of builtin types travel as 
 
 Anything else is handed to the sender's ``fallback`` hook (the executor turns other objects into
 *handles*, the judge turns callables into *callbacks*); the receiver's ``resolve`` hook maps the
-tags ``h`` / ``cb`` back. Without hooks such values raise ``TypeError`` / ``CodecError``.
+tags ``h`` / ``cb`` back. Without hooks such values raise ``TypeError`` / ``CodecError``. The
+sender's ``intercept`` hook, when given, sees every value first and may send it as a reference
+instead (the executor sends an object the test built and has not handed over as its handle).
 
 Framing: 4-byte big-endian length, then UTF-8 JSON. Messages larger than the receiver's limit are
 a protocol error.
@@ -76,6 +78,14 @@ class Record:
     def __eq__(self, other):
         if type(other) is not Record:
             return NotImplemented
+        if self is other:
+            return True
+        mine, theirs = self._handle, other._handle
+        ref = getattr(mine, "_hid", None)
+        if ref is not None and ref == getattr(theirs, "_hid", None) and mine != theirs:
+            # two records of one sandboxed object that the judge does not count as the same (an
+            # object the test built and never handed to the program, returned as the program's answer)
+            return False
         return (self._name, self._fields, self._values) == (other._name, other._fields, other._values)
 
     def __hash__(self):
@@ -117,16 +127,21 @@ def _is_iterator(obj):
     return hasattr(t, "__next__") and hasattr(t, "__iter__")
 
 
-def encode_value(obj, fallback=None, _depth=0):
+def encode_value(obj, fallback=None, _depth=0, intercept=None):
     """Value -> JSON-compatible tagged structure. ``fallback(obj)`` (optional) encodes values of
-    other types, returning a tagged dict; without it they raise ``TypeError``."""
+    other types, returning a tagged dict; without it they raise ``TypeError``. ``intercept(obj)``
+    (optional) is asked first, at every level: a tagged dict it returns is sent instead of the value."""
     if _depth > MAX_DEPTH:
         raise ValueError("value nested too deeply")
     d = _depth + 1
 
     def enc(x):
-        return encode_value(x, fallback, d)
+        return encode_value(x, fallback, d, intercept)
 
+    if intercept is not None:
+        ref = intercept(obj)
+        if ref is not None:
+            return ref
     t = type(obj)
     if obj is None or obj is True or obj is False:
         return obj

@@ -22,10 +22,14 @@ and before any candidate code runs it:
 8. clears the environment; reports what was enforced ("boot" message, sent before any candidate
    code runs, hence authentic), then executes the candidate program, reports its globals
    ("loaded": callables and other objects as handle numbers, data as values) and serves requests:
-   calls and operations (attribute, ``len``, iteration, indexing, ``in``, ``str``) on handles,
+   calls and operations (attribute, ``len``, iteration, indexing, ``str``) on handles,
    answering each with data, new handles, and the new state of mutated arguments; a callable the
    judge passed becomes a stub that asks the judge to run it (nested requests are served
-   meanwhile).
+   meanwhile). The reply to a call of a *class* also names the object it made (a handle) and, for
+   a dataclass instance, the constructor's field parameters, so that the judge can check the value
+   against the test's own arguments; such an object, until the test hands it to the program, is
+   sent back as that handle wherever it appears in a reply (a class that returns one shared
+   instance cannot answer with the object the test just built).
 
 After step 8 nothing this process sends is trusted: the judge treats every reply as data.
 """
@@ -219,6 +223,12 @@ def _boot():
 
 
 _MUTABLE = (list, dict, set, bytearray)
+# taken before the candidate runs (it may patch builtins in this process)
+_TYPE, _ISSUBCLASS, _ID, _GETATTR = type, issubclass, id, getattr
+_REAL_SUBCLASS = type.__subclasscheck__  # the MRO itself, never a metaclass's __subclasscheck__
+# results of a class call that are not tracked as built objects: values without identity worth
+# tracking, and often shared (small ints, interned strings, the empty tuple)
+_PLAIN = (type(None), bool, int, float, complex, str, bytes, tuple, frozenset, range)
 
 
 class _Session:
@@ -230,6 +240,7 @@ class _Session:
         self.objects = {}
         self.handles = {}
         self.next_cb = 0
+        self.built = {}  # id -> handle of objects made by the test's class calls, not yet handed over
 
     # values -----------------------------------------------------------------------------------
     def handle(self, obj):
@@ -246,13 +257,57 @@ class _Session:
 
     def resolve(self, tag, v):
         if tag == "h" and type(v) is int and v in self.objects:
-            return self.objects[v]
+            obj = self.objects[v]
+            self.built.pop(_ID(obj), None)  # the test hands it to the program: no longer held back
+            return obj
         if tag == "cb" and type(v) is int:
             return _Callback(self, v)
         raise CodecError("unknown reference")  # noqa: F821
 
     def encode(self, value):
-        return encode_value(value, self.handle)  # noqa: F821
+        return encode_value(value, self.handle, intercept=self.held_back if self.built else None)  # noqa: F821
+
+    def held_back(self, obj):
+        hid = self.built.get(_ID(obj))
+        if hid is not None and self.objects.get(hid) is obj:
+            return {"h": [hid, str(_GETATTR(_TYPE(obj), "__name__", "?"))[:100]]}
+        return None
+
+    def construction(self, target, result, known):
+        """What the judge needs about a call of the class ``target`` that gave ``result``: the
+        object's handle, whether it is an instance of ``target`` and, for a dataclass instance, the
+        fields its constructor takes, in order (None where it takes an InitVar, not a field).
+        Registers the object as built by the test."""
+        ref = self.handle(result)
+        if "h" not in ref:
+            return {"obj": None}  # one of the judge's own callables, handed back
+        hid = ref["h"][0]
+        info = {"obj": hid, "own": False}
+        try:
+            info["own"] = bool(_REAL_SUBCLASS(target, _TYPE(result)))  # an instance of the class called
+        except Exception:
+            pass
+        try:
+            module, qualname = _GETATTR(target, "__module__", ""), _GETATTR(target, "__qualname__", "")
+            info["name"] = "%s.%s" % (str(module)[:100], str(qualname)[:100])
+        except Exception:
+            pass
+        try:
+            spec = _GETATTR(_TYPE(result), "__dataclass_fields__", None)
+            if isinstance(spec, dict):
+                params, kw_only = [], []
+                for name, f in spec.items():
+                    kind = _GETATTR(_GETATTR(f, "_field_type", None), "name", "")
+                    if kind not in ("_FIELD", "_FIELD_INITVAR") or not _GETATTR(f, "init", False):
+                        continue
+                    entry = str(name) if kind == "_FIELD" else None
+                    (kw_only if _GETATTR(f, "kw_only", False) is True else params).append(entry)
+                info["init"] = params + kw_only
+        except Exception:
+            info.pop("init", None)
+        if not known and _TYPE(result) not in _PLAIN:
+            self.built[_ID(result)] = hid
+        return info
 
     def decode(self, value):
         return decode_value(value, self.resolve)  # noqa: F821
@@ -266,7 +321,10 @@ class _Session:
             if op == "call":
                 args, kwargs = self.decode(req["args"]), self.decode(req["kwargs"])
                 result = target(*args, **kwargs)
+                known = _ID(result) in self.handles
                 payload = {"k": "ret", "id": rid, "v": self.encode(result), "mut": self.mutations(req, args, kwargs)}
+                if _ISSUBCLASS(_TYPE(target), _TYPE):
+                    payload["cls"] = self.construction(target, result, known)
             else:
                 arg = self.decode(req["arg"]) if "arg" in req else None
                 kind = req.get("op")
@@ -282,8 +340,6 @@ class _Session:
                     result = list(iter(target))
                 elif kind == "getitem":
                     result = target[arg]
-                elif kind == "contains":
-                    result = arg in target
                 elif kind == "str":
                     result = str(target)
                 else:

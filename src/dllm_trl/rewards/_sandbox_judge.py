@@ -15,10 +15,14 @@ the executor, which calls the real function and ships the result back as data (s
 ``_sandbox_codec.py``); objects that are not data stay in the executor and come back as proxies
 again; callables the test passes in (``key=len``, a lambda) are called back here; in-place changes
 to the test's list / dict / set arguments are written back. Assertions and comparisons are
-evaluated here on values of trusted types. Consequently the candidate cannot patch the test
-machinery or builtins used by the tests, cannot see expected values (they never leave this
-process), cannot forge a pass by exiting / printing / writing to the channel (requests carry
-unpredictable ids), and ``__eq__`` / ``__bool__`` tricks never run here.
+evaluated here on values of trusted types; ``x in obj`` on a proxy is membership among its items.
+A value the test builds by calling a class of the candidate is kept as data only when it holds
+the test's own arguments (:func:`_constructed`); names the test reads as modules are never the
+candidate's (:meth:`Judge.namespace`). Consequently the candidate cannot patch the test machinery
+or builtins used by the tests, cannot see expected values (they never leave this process, except
+as arguments of the test's own calls of the candidate's code), cannot forge a pass by exiting /
+printing / writing to the channel (requests carry unpredictable ids), and ``__eq__`` /
+``__contains__`` / ``__bool__`` tricks never run here.
 
 When running as root the judge also creates a mount + network + IPC namespace, mounts a size-capped
 tmpfs on the scratch folder and builds a minimal root there (read-only bind mounts of the Python
@@ -28,6 +32,7 @@ executor chroots.
 
 import ast
 import builtins
+import collections
 import ctypes
 import json
 import os
@@ -50,6 +55,9 @@ SAFE_IMPORTS = {
     "operator", "copy", "fractions", "decimal", "statistics", "typing", "numbers", "datetime",
     "random", "array", "hashlib", "json", "textwrap", "unicodedata", "struct", "calendar", "time",
 }
+
+# names a test may mean as a module: what it reads as ``name.attr`` among these is never the program's
+STDLIB_MODULES = frozenset(getattr(sys, "stdlib_module_names", ())) | SAFE_IMPORTS
 
 
 class InfraError(Exception):
@@ -175,6 +183,11 @@ class Executor:
         self.load_error = None
         self.names = {}
         self.values = {}
+        # handles of sandboxed objects: received by the judge; handed by the test to the program
+        # (as an argument, or by using the object); returned again by a class call (a shared instance)
+        self.seen = set()
+        self.released = set()
+        self.shared = set()
 
     def alive(self):
         return self.proc is not None and self.proc.poll() is None
@@ -233,6 +246,7 @@ class Executor:
         for name, hid in list(names.items())[:10000]:
             if _is_name(name) and type(hid) is int:
                 self.names[name] = RemoteObject(self, hid, name)
+                self.seen.add(hid)
         for name, enc in list(values.items())[:10000]:
             if _is_name(name) and name not in self.names:
                 try:
@@ -298,6 +312,7 @@ class Executor:
             if isinstance(obj, RemoteObject):
                 if obj._executor is not self:
                     raise TypeError("object of an earlier sandbox run")
+                self.released.add(obj._hid)
                 return {"h": obj._hid}
             if callable(obj):
                 fid = len(callbacks) + 1
@@ -317,16 +332,19 @@ def _is_name(name):
 
 class RemoteObject:
     """What the tests see in place of a candidate object (a function, a class, an instance): calls,
-    attribute reads and writes, ``len``, iteration, indexing and ``in`` are forwarded to the
-    executor; the replies are data. Equality is identity of the sandboxed object (never the
-    candidate's ``__eq__``), and truth testing is refused (never the candidate's ``__bool__``)."""
+    attribute reads and writes, ``len``, iteration and indexing are forwarded to the executor; the
+    replies are data. ``x in obj`` looks for ``x`` among the object's items (its iteration, received
+    as data) with the judge's own comparison, never the candidate's ``__contains__``. Equality is
+    identity of the sandboxed object (never the candidate's ``__eq__``), and truth testing is refused
+    (never the candidate's ``__bool__``)."""
 
-    __slots__ = ("_executor", "_hid", "_label")
+    __slots__ = ("_executor", "_hid", "_label", "_built")
 
-    def __init__(self, executor, hid, label):
+    def __init__(self, executor, hid, label, built=False):
         object.__setattr__(self, "_executor", executor)
         object.__setattr__(self, "_hid", hid)
         object.__setattr__(self, "_label", label)
+        object.__setattr__(self, "_built", built)  # made by the test's call of a class of the program
 
     def _op(self, kind, **fields):
         return _JUDGE.remote(self, kind, fields)
@@ -360,10 +378,9 @@ class RemoteObject:
         return self._op("op", op="getitem", arg=key)
 
     def __contains__(self, item):
-        found = self._op("op", op="contains", arg=item)
-        if type(found) is not bool:
-            raise TypeError("'in' on a sandboxed object must give a bool")
-        return found
+        # never the candidate's __contains__ (it could answer True to anything): membership among
+        # the object's items, received as data and compared here, as ``in`` on a list does
+        return item in self.__iter__()
 
     def __bool__(self):
         raise TypeError("the truth value of a sandboxed object is not taken")
@@ -379,7 +396,7 @@ class RemoteObject:
             other = other._handle
         if not isinstance(other, RemoteObject):
             return NotImplemented
-        return self._executor is other._executor and self._hid == other._hid
+        return _same_object(self, other)
 
     def __ne__(self, other):
         eq = self.__eq__(other)
@@ -390,6 +407,98 @@ class RemoteObject:
 
     def __repr__(self):
         return "<sandboxed %s>" % self._label
+
+
+def _same_object(a, b):
+    """Equality of two handles: the same sandboxed object. An object the test built with a class of
+    the program equals only itself until the test has handed it to the program (then also the
+    handles the program returns for it), and never anything else when the class gave an object that
+    existed already (a shared or cached instance: the program could return it unasked)."""
+    if a is b:
+        return True
+    if a._executor is not b._executor or a._hid != b._hid:
+        return False
+    ex = a._executor
+    for side in (a, b):
+        if side._built and (side._hid in ex.shared or side._hid not in ex.released):
+            return False
+    return True
+
+
+# classes the judge rebuilds itself when a test calls the program's import of them (their values
+# arrive as plain dicts, which ``dict(...)`` would not rebuild from the same arguments)
+_TRUSTED_CLASSES = {
+    "collections.Counter": collections.Counter,
+    "collections.defaultdict": collections.defaultdict,
+    "collections.OrderedDict": collections.OrderedDict,
+}
+
+
+def _constructed(ex, value, made, args, kwargs, known):
+    """The value of the test's call ``C(*args, **kwargs)`` of a class of the program. A value that
+    travels as data is kept only when it is an instance of the class called and holds the test's
+    own arguments: a dataclass record or a
+    namedtuple whose fields given by the call equal the arguments given for them; another value (an
+    ``int`` / ``list`` / ``dict`` subclass, ``Fraction``, a date) when the judge's own constructor
+    of its type gives an equal value from the same arguments. Otherwise (a constructor that
+    discards or rewrites its arguments) it is the sandboxed object itself, a handle: usable through
+    calls, attributes, iteration, but equal only as :func:`_same_object` says."""
+    hid = made["obj"]
+    if known:
+        ex.shared.add(hid)
+    if isinstance(value, RemoteObject):
+        return RemoteObject(ex, value._hid, value._label, built=True) if value._hid == hid else value
+    if type(value) is type(iter([])):
+        return value  # an iterator, exhausted in the sandbox: equal only to itself anyway
+    try:
+        # a value of another type than the class called (a __new__ returning a range, a bool, None,
+        # another class's record) could pick a constructor that loses its arguments: an object
+        faithful = made.get("own") is True and _holds_arguments(value, made, args, kwargs)
+    except Exception:
+        faithful = False
+    if not faithful:
+        return RemoteObject(ex, hid, str(made.get("name", "object"))[:100], built=True)
+    if isinstance(value, Record) and isinstance(value._handle, RemoteObject):  # noqa: F821
+        handle = value._handle
+        object.__setattr__(value, "_handle", RemoteObject(ex, handle._hid, handle._label, built=True))
+    return value
+
+
+def _holds_arguments(value, made, args, kwargs):
+    if isinstance(value, Record):  # noqa: F821
+        return _bound_fields_equal(value._fields, value._values, made.get("init"), args, kwargs)
+    if isinstance(value, tuple) and _is_namedtuple(value):  # noqa: F821
+        fields = tuple(type(value)._fields)
+        return _bound_fields_equal(fields, tuple.__iter__(value), list(fields), args, kwargs)
+    cls = _TRUSTED_CLASSES.get(made.get("name"))
+    if cls is None:
+        cls = type(value)  # a type the decoder made: a trusted builtin / stdlib value type
+        if cls in (bool, type(None)):
+            return False  # no class makes these; bool(x) is True for every truthy argument
+        rebuilt = cls(*args, **kwargs)
+        return type(rebuilt) is cls and (rebuilt is value or rebuilt == value)
+    return cls(*args, **kwargs) == value
+
+
+def _bound_fields_equal(fields, values, params, args, kwargs):
+    """Whether the call's arguments, bound to the constructor's field parameters ``params`` (from
+    the sandbox: only trusted as far as this check goes), each land in a field that holds them."""
+    fields, values = tuple(fields), tuple(values)
+    params = params if isinstance(params, list) else []
+    if len(args) > len(params):
+        return False
+    bound = list(zip(params, args))
+    for key, v in kwargs.items():
+        if key not in params or any(name == key for name, _ in bound):
+            return False
+        bound.append((key, v))
+    for name, v in bound:
+        if not isinstance(name, str) or name not in fields:
+            return False  # an argument that lands in no field (an InitVar, a made-up parameter)
+        held = values[fields.index(name)]
+        if not (held is v or held == v):
+            return False
+    return True
 
 
 # ----------------------------------------------------------------------------- judge
@@ -425,6 +534,13 @@ def _names_used(code_ast):
     return {n.id for n in ast.walk(code_ast) if isinstance(n, ast.Name)}
 
 
+def _modules_read(code_ast):
+    """Names of standard-library modules that the test reads as modules: the base of an attribute
+    (``math.isclose``, ``re.match``, ``os.path.join``)."""
+    return {n.value.id for n in ast.walk(code_ast)
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in STDLIB_MODULES}
+
+
 class Judge:
     def __init__(self, job):
         self.job = job
@@ -439,6 +555,7 @@ class Judge:
         ex = obj._executor
         if ex is not self.executor or not ex.alive():
             raise CandidateCrashed("object of an earlier sandbox run")
+        ex.released.add(obj._hid)  # the test uses the object: the program now holds it
         callbacks = {}
         msg = {"k": kind, "target": obj._hid}
         if kind == "call":
@@ -453,10 +570,22 @@ class Judge:
         reply = ex.request(msg, self.deadline, callbacks, resolve)
         if reply["k"] == "exc":
             raise _candidate_exception(reply)
+        made = reply.get("cls") if kind == "call" else None  # the call was a class's: what it made
+        if made is not None and not (isinstance(made, dict) and type(made.get("obj")) in (int, type(None))):
+            ex.kill()
+            raise CandidateCrashed("bad reply: malformed construction")
+        known = made is not None and made.get("obj") in ex.seen
         try:
             value = decode_value(reply.get("v"), resolve)  # noqa: F821
             if kind == "call":
                 _write_back(fields["args"], fields["kwargs"], reply.get("mut"), resolve)
+            if made is not None and made.get("obj") is not None:
+                # the arguments as the program received them (the judge's own encoding, read back)
+                def sent(tag, v):
+                    return RemoteObject(ex, v, "argument") if tag == "h" and type(v) is int else resolve(tag, v)
+
+                args, kwargs = decode_value(msg["args"], sent), decode_value(msg["kwargs"], sent)  # noqa: F821
+                value = _constructed(ex, value, made, args, kwargs, known)
         except CodecError as exc:  # noqa: F821
             ex.kill()
             raise CandidateCrashed("bad reply: %s" % exc)
@@ -465,6 +594,7 @@ class Judge:
     def _resolve_from(self, ex, callbacks):
         def resolve(tag, v):
             if tag == "h" and isinstance(v, list) and len(v) == 2 and type(v[0]) is int:
+                ex.seen.add(v[0])
                 return RemoteObject(ex, v[0], str(v[1])[:100])
             if tag == "cb" and type(v) is int and v in callbacks:
                 return callbacks[v]  # one of the test's own callables, handed back
@@ -542,15 +672,15 @@ class Judge:
                 try:
                     tree = ast.parse(src)
                     code = compile(tree, "<test %d>" % i, "exec")
-                    used = _names_used(tree)
+                    used, modules = _names_used(tree), _modules_read(tree)
                 except (SyntaxError, ValueError, RecursionError, MemoryError):
-                    code, used = None, set()
+                    code, used, modules = None, set(), set()
 
-                def body(code=code, used=used, i=i):
+                def body(code=code, used=used, modules=modules, i=i):
                     if code is None:
                         raise TestBroken("test %d does not compile" % i)
                     ex = self.ensure_executor()
-                    exec(code, self.namespace(base, ex, used))
+                    exec(code, self.namespace(base, ex, used, modules))
 
                 self.run_test(i, body)
         else:
@@ -575,14 +705,19 @@ class Judge:
 
             self.run_test(0, body)
 
-    def namespace(self, base, ex, used):
+    def namespace(self, base, ex, used, modules=()):
         """The test's globals: trusted setup first (never overridden), then what the candidate
         defines. A candidate name that shadows a builtin is bound only when the test calls no other
         candidate name (``assert pow(2, 3) == 8`` tests the candidate's ``pow``); when the test does
-        (``assert len(f(1)) == 3``), builtin-named definitions stay the candidate's own helpers."""
+        (``assert len(f(1)) == 3``), builtin-named definitions stay the candidate's own helpers.
+        A name the test reads as a module (``modules``: ``math`` in ``math.isclose(...)``) is never
+        the candidate's: it is the module when the setup or one of the program's allow-listed
+        ``import`` statements (run here, see :func:`candidate_safe_imports`) provides it, else unbound."""
         ns = dict(base)
         candidate = dict(ex.values)
         candidate.update(ex.names)
+        for name in modules:
+            candidate.pop(name, None)
         primary = [n for n in candidate if n in used and n not in base and not hasattr(builtins, n)]
         for name, value in candidate.items():
             if name in base:

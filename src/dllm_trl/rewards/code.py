@@ -18,9 +18,10 @@ Architecture (three processes per completion)
   boundary as data (tagged JSON, ``_sandbox_codec.py``: builtin values, ``Fraction``, ``Decimal``,
   dates, namedtuples, dataclass records, exhausted iterators); other objects (instances, classes,
   closures) stay in the executor and are used through handles (calls, attributes, ``len``,
-  iteration, indexing, ``in``, ``str``); callables the tests pass in are called back in the
-  judge; in-place changes to list / dict / set / bytearray arguments are written back. Every
-  assertion / comparison is evaluated in the judge on values of trusted types.
+  iteration, indexing, ``str``; ``x in obj`` is ``x`` among the object's items, compared in the
+  judge); callables the tests pass in are called back in the judge; in-place changes to list /
+  dict / set / bytearray arguments are written back. Every assertion / comparison is evaluated in
+  the judge on values of trusted types.
 
 Guarantees when the trainer runs as **root** on Linux with namespaces available (checked by
 ``tests/test_rewards_code.py``; :func:`sandbox_capabilities` reports what holds at run time):
@@ -34,7 +35,8 @@ Guarantees when the trainer runs as **root** on Linux with namespaces available 
   never enter the executor (it only sees the arguments of the calls made to it); the candidate's
   names never replace trusted test-setup names, and a builtin-named definition is used only as the
   function under test (``assert pow(2, 3) == 8`` calls the candidate's ``pow``; in ``assert
-  len(f(1)) == 3`` the builtin ``len`` stays);
+  len(f(1)) == 3`` the builtin ``len`` stays); a name the test reads as a standard-library module
+  (``math`` in ``math.isclose(...)``) is never the candidate's definition, only the real module;
 * time: per-test wall-clock budget (``timeout``, module loading is charged to the first test),
   also for the judge's own work on candidate values (see *caller*), per-completion budget,
   ``RLIMIT_CPU``; writes to a candidate that stopped reading are bounded too; the caller's own
@@ -75,7 +77,12 @@ candidate (this mode is not exercised by the tests).
 
 Semantics and limitations (each tested in ``tests/code_program_table.py``, listed in
 ``docs/rewards.md``): equality of a candidate object that is not data is identity (a class with its
-own ``__eq__`` compared with a fresh instance fails; dataclasses compare by their fields),
+own ``__eq__`` compared with a fresh instance fails; dataclasses compare by their fields); a value
+the test builds by calling a class of the program is a value only when it holds the test's own
+arguments (else it is the sandboxed object, equal only to itself: a constructor that discards its
+arguments cannot make all instances equal), and such an object is not the program's answer before
+the test hands it over (a shared instance cannot be returned as the answer); ``x in obj`` is
+membership among the object's items (never its ``__contains__``);
 truth-testing such an object raises, operators (``+``, ``<``) on it are not forwarded; methods of
 namedtuple subclasses are lost; objects the *tests* build from their own classes cannot be passed
 in; the candidate cannot use threads or subprocesses; stdout/stdin are /dev/null; the candidate
