@@ -51,8 +51,10 @@ class CanvasCache(Cache):
     canvas.
     """
 
+    layer_class = _CanvasLayer
+
     def __init__(self, num_layers: int, canvas_length: int):
-        super().__init__(layers=[_CanvasLayer() for _ in range(num_layers)])
+        super().__init__(layers=[self.layer_class() for _ in range(num_layers)])
         self.canvas_length = canvas_length
         self.window_start = 0
 
@@ -92,7 +94,7 @@ class _BlockLayer(_CanvasLayer):
         self.is_initialized = True
 
 
-class BlockCache(Cache):
+class BlockCache(CanvasCache):
     """Keys/values of a canvas of ``canvas_length`` positions for each of ``num_layers`` layers, in canvas order.
 
     A forward that feeds ``q`` positions writes them at canvas positions ``[window_start, window_start + q)`` (set
@@ -100,10 +102,7 @@ class BlockCache(Cache):
     the window itself, so its attention mask covers those keys only.
     """
 
-    def __init__(self, num_layers: int, canvas_length: int):
-        super().__init__(layers=[_BlockLayer() for _ in range(num_layers)])
-        self.canvas_length = canvas_length
-        self.window_start = 0
+    layer_class = _BlockLayer
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         layer = self.layers[layer_idx]
