@@ -23,6 +23,8 @@ CI runs a fixed sample of ``SAMPLE`` mutants; the full search (``FULL`` mutants)
 
 from __future__ import annotations
 
+import itertools
+
 import random
 import re
 import time
@@ -431,21 +433,10 @@ def _nums_equal(a, b):
 
 
 def _matching(xs, ys):
+    """Some ordering of ``ys`` equals ``xs`` element by element (brute force: the reference's lists are short)."""
     if len(xs) != len(ys):
         return False
-    eq = [[ref_equal(x, y) for y in ys] for x in xs]
-    owner = [-1] * len(ys)
-
-    def augment(i, seen):
-        for j in range(len(ys)):
-            if eq[i][j] and not seen[j]:
-                seen[j] = True
-                if owner[j] < 0 or augment(owner[j], seen):
-                    owner[j] = i
-                    return True
-        return False
-
-    return all(augment(i, [False] * len(ys)) for i in range(len(xs)))
+    return any(all(ref_equal(x, y) for x, y in zip(xs, order)) for order in itertools.permutations(ys))
 
 
 def _distinct(xs):
