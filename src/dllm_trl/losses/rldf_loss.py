@@ -542,14 +542,23 @@ class RLDFLoss:
                                 inputs.get("importance_sampling_ratio"),
                                 sequence=self.args.rollout_importance_sampling_mode.startswith("sequence"))
 
-    def importance_sampling_ratio(self, batch) -> torch.Tensor:
-        """TRL's corrected ratio ``ρ`` (B, k, G) of ``args.rollout_importance_sampling_*`` from the old-policy pass's
-        sampler-consistent ``log π_old`` and the record (:func:`~dllm_trl.losses.rollout_mismatch.importance_sampling_ratio`)."""
+    def correct_rollout_mismatch(self, model, batch, batch_size=None) -> None:
+        """``batch["importance_sampling_ratio"]``: TRL's corrected ratio ``ρ`` (B, k, G) of
+        ``args.rollout_importance_sampling_*`` (:func:`~dllm_trl.losses.rollout_mismatch.importance_sampling_ratio`).
+
+        As TRL does for its vLLM correction, π_old is scored for every batch, so that ``ρ`` is known before the first
+        loss forward: when TRL's old-policy pass did not run (on-policy), the same pass runs here (``model``), and
+        its log-probs become the batch's ``old_per_token_logps``.
+        """
+        if "old_per_token_logps" not in batch:
+            logps, extra = self.score_for_policy_pass(model, batch, batch_size=batch_size, old_pass=True)
+            batch["old_per_token_logps"] = logps
+            batch.update(extra)
         if not self.measures_mismatch(batch) or self.sampling_logps_key not in batch:
             raise RuntimeError("rollout_importance_sampling_correction needs the rollout's record and the old-policy "
                                f"pass's {self.sampling_logps_key!r} in the batch.")
         args = self.args
-        return importance_sampling_ratio(
+        batch["importance_sampling_ratio"] = importance_sampling_ratio(
             batch[self.sampling_logps_key], record_logps(batch["rollout_commit_prob"]), self.recorded_targets(batch),
             args.rollout_importance_sampling_mode, args.rollout_importance_sampling_clip_min,
             args.rollout_importance_sampling_clip_max,

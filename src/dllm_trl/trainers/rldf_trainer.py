@@ -179,8 +179,8 @@ class RLDFTrainer(SafeRunMixin, GRPOTrainer):
             rows = output["advantages"].shape[0]
             start = self.accelerator.process_index * rows
             self.loss.drop_rows(output, self._zero_variance_rows()[start : start + rows])
-        if self.args.rollout_importance_sampling_correction:
-            self._correct_rollout_mismatch(output)
+        if self.args.rollout_importance_sampling_correction:  # after the drops: no pass over rows without a state
+            self.loss.correct_rollout_mismatch(self.model, output, batch_size=self.args.per_device_train_batch_size)
 
         # Clean targets (Alg. 3) read π_old, the policy that produced the batch. On-policy, π_old is the policy of
         # the loss forward itself, so that forward may fix them (k forwards per micro-batch); otherwise (or when the
@@ -199,18 +199,6 @@ class RLDFTrainer(SafeRunMixin, GRPOTrainer):
         counted = output["target_weight"] if "target_weight" in output else output["target_mask"]
         output["num_target_tokens"] = self.accelerator.gather(counted.sum()).sum()
         return output
-
-    def _correct_rollout_mismatch(self, output) -> None:
-        """``output["importance_sampling_ratio"]`` of ``args.rollout_importance_sampling_*``. As TRL does for its vLLM
-        correction, π_old is scored for every batch, so that the ratio is known before the first loss forward: when
-        TRL's own old-policy pass did not run (on-policy), the same pass runs here, over the rows that kept a state."""
-        if "old_per_token_logps" not in output:
-            logps, extra = self.loss.score_for_policy_pass(
-                self.model, output, batch_size=self.args.per_device_train_batch_size, old_pass=True
-            )
-            output["old_per_token_logps"] = logps
-            output.update(extra)
-        output["importance_sampling_ratio"] = self.loss.importance_sampling_ratio(output)
 
     def _zero_variance_rows(self) -> torch.Tensor:
         """(all processes' rows,) bool: the rows of groups whose rewards do not vary (:func:`zero_variance_rows`)."""
