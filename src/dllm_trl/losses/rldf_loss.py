@@ -10,7 +10,9 @@ through the trainer's class.
 Batch keys it reads (all aligned by row): ``rollout_prompt_ids`` / ``rollout_prompt_mask`` (B, P), ``rollout_ids``,
 ``commit_step``, ``valid_mask`` (B, G), ``sampled_steps`` (B, k), ``mask_seed`` (B,), ``advantages`` (B,), and after
 target selection ``target_mask`` (B, k, G) (+ ``target_weight`` for random masking, ``targets_pending`` when the loss
-forward fixes the targets).
+forward fixes the targets). The rollout's record ``rollout_commit_prob`` (B, G) and the old-policy pass's
+``old_sampling_logps`` (B, k, G) give the ``sampling/*`` mismatch metrics, and ``importance_sampling_ratio`` (B, k, G)
+TRL's correction (:mod:`dllm_trl.losses.rollout_mismatch`).
 """
 
 from __future__ import annotations

@@ -11,7 +11,9 @@ excluded on diffusion LMs), so it compares like with like against ``μ``.
 * :class:`DiffusionTrustRegionLoss`: RLDF's sampled states and targets ``Ô_t`` (:class:`RLDFLoss`) with the masked
   policy gradient as the per-token term. Tokens committed at the sampled step take ``μ`` from the rollout record
   (KV-cache approximation included), the other targets from ``π_old(· | q, o_t)`` — stored by the old-policy pass,
-  or the current policy itself on an on-policy batch. ``behaviour_source="old"`` takes every ``μ`` from ``π_old``.
+  or the current policy itself on an on-policy batch. ``behaviour_source="old"`` takes every ``μ`` from ``π_old``;
+  only then may ``rollout_importance_sampling_correction`` multiply the terms by TRL's ratio ``π_old/μ`` of the
+  recorded tokens (the decoupled form; :mod:`dllm_trl.losses.rollout_mismatch`).
 """
 
 from __future__ import annotations
