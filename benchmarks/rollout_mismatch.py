@@ -6,8 +6,8 @@ temperature 1 (``toy_rldf_config`` / ``sudoku_rldf_config``: addition 8 position
 scored the way the trainers score a sampled state (``RLDFLoss.score_for_policy_pass(old_pass=True)``: one plain full
 forward of ``q ⊕ o_t``, the sampler's distribution at each token committed at ``t``) and compared with the rollout's
 record ``μ(a)``: ``Δ = log π_old(a) − log μ(a)`` over every committed valid token, the k3 estimate
-``r − 1 − log r`` of ``KL(μ ‖ π_old)`` (``r = e^Δ``), and the ratio ``r`` TRL's correction would clamp (share above
-TRL's default ``C_max = 3``). The trainers log the same quantities at their sampled states as ``sampling/*``.
+``r − 1 − log r`` of ``KL(μ ‖ π_old)`` (``r = e^Δ``), and the ratio ``r`` TRL's correction would clamp (share
+above TRL's default ``C_max = 3``). The trainers log the same quantities at their sampled states as ``sampling/*``.
 
     OMP_NUM_THREADS=1 python benchmarks/rollout_mismatch.py              # both toys, 256 completions each
     OMP_NUM_THREADS=1 python benchmarks/rollout_mismatch.py --task addition --completions 64

@@ -341,8 +341,9 @@ def test_corrected_trust_region_loss_matches_the_reference(tmp_path, mode):
             a = inputs["rollout_ids"][b, g]
             mu_ids, mu_logps = inputs["old_topk_ids"][b, j, g].long(), inputs["old_topk_logps"][b, j, g]
             support = logp[g].gather(-1, torch.cat([mu_ids.clamp(min=0), a.view(1)]))
-            terms, _ = loss.masked_terms(support[None], mu_ids[None], mu_logps[None], a.view(1),
-                                         inputs["old_behaviour_logps"][b, j, g].view(1), inputs["advantages"][b].view(1))
+            mu_a = inputs["old_behaviour_logps"][b, j, g].view(1)
+            terms, _ = loss.masked_terms(support[None], mu_ids[None], mu_logps[None], a.view(1), mu_a,
+                                         inputs["advantages"][b].view(1))
             expected = expected + terms[0] * rho[b, j, g] * normalizer[b, j]
             used.add(round(rho[b, j, g], 6))
     assert len(used) > 1  # the correction is not the identity on this batch

@@ -146,8 +146,8 @@ class RLDFLoss:
         if self.args.rollout_importance_sampling_correction and diffusion_block_size(model) is not None:
             raise ValueError(
                 "rollout_importance_sampling_correction=True corrects the approximation of a bidirectional model's "
-                "prefix / dual cache; a block-diffusion model's cache of finished blocks is exact (the ratio is 1 up to "
-                "float rounding), so there is nothing to correct. Leave it False."
+                "prefix / dual cache; a block-diffusion model's cache of finished blocks is exact (the ratio is 1 up "
+                "to float rounding), so there is nothing to correct. Leave it False."
             )
 
     def sample_states(self, prompt_ids, prompt_mask, output, generator, mask_seed_generator):
@@ -176,7 +176,7 @@ class RLDFLoss:
             ),
             "mask_seed": mask_seed,
         }
-        trajectory["rollout_commit_prob"] = output.commit_prob  # μ(a): the rollout–training mismatch is measured on it
+        trajectory["rollout_commit_prob"] = output.commit_prob  # μ(a), against which the mismatch is measured
         if output.topk_ids is not None:  # the behaviour distribution, when the loss asked for it (record_topk)
             trajectory.update(rollout_topk_ids=output.topk_ids, rollout_topk_logps=output.topk_logps)
         return trajectory, (sampled_weight.sum(), float(sampled_weight.numel()))

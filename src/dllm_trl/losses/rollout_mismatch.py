@@ -10,15 +10,15 @@ block-diffusion model's cache of finished blocks) and differs by the Fast-dLLM a
 cache on a bidirectional model.
 
 The metrics are TRL's vLLM mismatch metrics over the recorded targets (``sampling/sampling_logp_difference/*``:
-``|log π_old − log μ|``; ``sampling/importance_sampling_ratio/*``: ``π_old / μ``, as the correction applies it when
-one is on) plus a per-token KL: ``sampling/kl_k3/*`` = ``r − 1 − log r`` with ``r = π_old(a)/μ(a)``, the k3
+``|log π_old − log μ|``; ``sampling/importance_sampling_ratio/*``: ``π_old / μ``, as the correction applies it
+when one is on) plus a per-token KL: ``sampling/kl_k3/*`` = ``r − 1 − log r`` with ``r = π_old(a)/μ(a)``, the k3
 estimate of ``KL(μ ‖ π_old)`` from the token ``a ~ μ`` the rollout drew.
 
 The corrections are TRL's (``GRPOTrainer``'s ``vllm_importance_sampling_*``): the policy term of every token is
 multiplied by a detached ratio ``ρ``; ``token_*`` modes use each recorded target's own ``π_old/μ`` (targets that were
-not drawn at ``o_t`` — RLDF's clean targets — have no record there: ``ρ = 1``); ``sequence_*`` modes use the product
-over the row's recorded targets at its sampled states (the part of the trajectory the loss replays) for every target
-of the row. ``*_truncate`` clamps ``ρ`` to ``[clip_min, clip_max]``; ``*_mask`` sets it to 0 outside.
+not drawn at ``o_t`` — RLDF's clean targets — have no record there: ``ρ = 1``); ``sequence_*`` modes use the
+product over the row's recorded targets at its sampled states (the part of the trajectory the loss replays) for every
+target of the row. ``*_truncate`` clamps ``ρ`` to ``[clip_min, clip_max]``; ``*_mask`` sets it to 0 outside.
 """
 
 from __future__ import annotations

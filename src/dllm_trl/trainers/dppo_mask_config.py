@@ -229,7 +229,7 @@ class DPPOMaskConfig(TrustRegionArguments, RLDFConfig):
                        "min(π_θ/μ, is_cap) against the record, which the ratio would correct a second time; set "
                        "behaviour_source='old' (trust region around π_old, TRL's ratio π_old/μ on top)")
         elif self.top_p < 1.0 or self.top_k or self.min_p:
-            refusal = (f"top_p={self.top_p}, top_k={self.top_k}, min_p={self.min_p}: the trust-region forward scores the "
-                       "untruncated distribution, so π_old/μ would measure the truncation, not the cache")
+            refusal = (f"top_p={self.top_p}, top_k={self.top_k}, min_p={self.min_p}: the trust-region forward "
+                       "scores the untruncated distribution, so π_old/μ would measure the truncation, not the cache")
         if refusal:
             raise ValueError(f"rollout_importance_sampling_correction=True is not supported here: {refusal}.")

@@ -232,7 +232,8 @@ class RLDFConfig(SafeRunArguments, GRPOConfig):
     rollout_importance_sampling_correction: bool = field(
         default=False,
         metadata={"help": "Correct the mismatch between the rollout's recorded μ (prefix / dual KV cache) and the "
-                          "training forward with TRL's importance-sampling ratio (an old-policy pass runs every batch)."},
+                          "training forward with TRL's importance-sampling ratio (an old-policy pass runs every "
+                          "batch)."},
     )
     rollout_importance_sampling_mode: str = field(
         default="token_truncate",
@@ -314,7 +315,8 @@ class RLDFConfig(SafeRunArguments, GRPOConfig):
         if mode not in IMPORTANCE_SAMPLING_MODES:
             raise ValueError(f"rollout_importance_sampling_mode={mode!r}: expected one of {IMPORTANCE_SAMPLING_MODES}.")
         low, high = self.rollout_importance_sampling_clip_min, self.rollout_importance_sampling_clip_max
-        for name, value in (("rollout_importance_sampling_clip_min", low), ("rollout_importance_sampling_clip_max", high)):
+        bounds = (("rollout_importance_sampling_clip_min", low), ("rollout_importance_sampling_clip_max", high))
+        for name, value in bounds:
             if value is not None and (math.isnan(value) or value < 0):
                 raise ValueError(f"{name}={value} must be ≥ 0 or None (no bound).")
         if low is not None and high is not None and low > high:
