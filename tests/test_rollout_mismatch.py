@@ -402,6 +402,19 @@ def test_correction_is_refused_on_an_exact_block_cache(tmp_path):
         RLDFLoss(args).check_model(_model("sdar"))
 
 
+def test_correction_is_refused_on_a_causal_model(tmp_path):
+    """``model_kind="auto"`` lets the config through; the causal trainer it builds refuses (exact generate() cache)."""
+    from dllm_trl.trainers import DPPOMaskTrainer
+
+    from .conftest import addition_dataset
+    from .test_dppo_mask_trainer import tiny_causal
+
+    args = tiny_training_args(DPPOMaskConfig, tmp_path, behaviour_source="old", **ON)
+    with pytest.raises(ValueError, match="rollout_importance_sampling_correction=True.*causal LM"):
+        DPPOMaskTrainer(model=tiny_causal(), reward_funcs=digit_reward, args=args, train_dataset=addition_dataset(),
+                        processing_class=make_char_tokenizer())
+
+
 def test_defaults_keep_the_correction_off(tmp_path):
     args = tiny_training_args(RLDFConfig, tmp_path)
     assert args.cache_mode == "dual" and not args.rollout_importance_sampling_correction
