@@ -95,6 +95,9 @@ def parse_args(argv=None):
     parser.add_argument("--minibatches", type=int, default=1,
                         help="Split each rollout batch into N minibatches, one optimizer step each (TRL's "
                              "steps_per_generation; causal toy): num_iterations × N updates per rollout.")
+    parser.add_argument("--isolated-sample", type=int, default=2,
+                        help="Direction analysis: per update, agreeing out-of-region tokens to measure in isolation "
+                             "besides all disagreeing ones (negative: no isolated measurement).")
     parser.add_argument("--collapse-fraction", type=float, default=0.5,
                         help="Collapse: the training reward (trailing mean of 3 rollouts) ends below this fraction of "
                              "the first rollout's reward.")
@@ -216,27 +219,125 @@ def direction_agreement(div_before, div_after, g_agg, g_uni, log_ratio, advantag
     return counts
 
 
+def record_directions(record, vocab_size):
+    """``g`` of both tail estimators and the behaviour tail mass, rebuilt from one loss call's record."""
+    from dllm_trl.losses.divergence_masks import directional_derivative, truncated_view
+
+    view = truncated_view(record["mu_ids"], record["mu_logps"], record["action"], record["mu_action_logps"],
+                          record["pi_support"], vocab_size=vocab_size, binary=record["mu_ids"].shape[-1] == 0)
+    return directional_derivative(view, "kl", "aggregated"), directional_derivative(view, "kl", "uniform"), view.mu_tail
+
+
+ISOLATED_STEP = 1e-3
+"""Parameter-space length of the isolated step (an Adam step of the study moves the parameters by about 0.1)."""
+
+
+def isolated_changes(model, inputs, record, chosen, vocab_size, temperature=1.0, step=ISOLATED_STEP):
+    """ΔD at each ``chosen`` token of a causal loss call when the parameters move by ``step`` along that token's own
+    update direction only, ``sign(A)·∇_θ log π_θ(a) / ‖·‖``, from the policy before the optimizer step: the realised
+    first-order effect the direction criteria predict, without the other tokens' gradients. In float64 on a copy of
+    the model; returns ``(ΔD, D before)`` per chosen token (``D before`` checks the copy against the trainer's ``D``)."""
+    import copy
+
+    import torch
+
+    from dllm_trl.losses.divergence_masks import divergence, truncated_view
+
+    twin = copy.deepcopy(model).double()
+    params = [p for p in twin.parameters() if p.requires_grad]
+    completion_mask = inputs["completion_mask"]
+    if "tool_mask" in inputs:
+        completion_mask = completion_mask * inputs["tool_mask"]
+    rows, columns = completion_mask.bool().nonzero(as_tuple=True)
+    input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    k = record["mu_ids"].shape[-1]
+
+    def divergence_at(logps, i):
+        support = torch.cat([record["mu_ids"][i].clamp(min=0), record["action"][i].view(1)])
+        view = truncated_view(record["mu_ids"][i:i + 1], record["mu_logps"][i:i + 1].double(),
+                              record["action"][i:i + 1], record["mu_action_logps"][i:i + 1].double(),
+                              logps[support].unsqueeze(0), vocab_size=vocab_size, binary=k == 0)
+        return divergence(view, "kl")[0]
+
+    deltas, befores = [], []
+    for i in chosen.tolist():
+        b, position = rows[i], inputs["prompt_ids"].shape[1] + columns[i] - 1
+
+        def logps_at():
+            # The class's forward: accelerate leaves a forward bound to the original model on the instance, which a
+            # deep copy keeps.
+            logits = type(twin).forward(twin, input_ids=input_ids[b:b + 1], attention_mask=attention_mask[b:b + 1]).logits
+            return (logits[0, position] / temperature).log_softmax(-1)
+
+        logps = logps_at()
+        grads = torch.autograd.grad(logps[record["action"][i]], params)
+        scale = float(torch.sign(record["advantages"][i])) * step / torch.sqrt(sum(g.square().sum() for g in grads))
+        with torch.no_grad():
+            before = divergence_at(logps.detach(), i)
+            for p, g in zip(params, grads):
+                p.add_(g, alpha=float(scale))
+            after = divergence_at(logps_at(), i)
+            for p, g in zip(params, grads):
+                p.sub_(g, alpha=float(scale))
+        deltas.append(float(after - before))
+        befores.append(float(before))
+    return deltas, befores
+
+
 class Rescorer:
     """Re-scores every loss call of a causal ``DPPOMaskTrainer`` with the policy after the optimizer step that used it.
 
     Wraps ``trainer.loss.compute`` to keep the inputs of each call, and, as a callback, runs the same computation
     without gradients at ``on_step_end`` (after ``optimizer.step()``), keeping the re-scored ``D``: ``after[i]`` and
-    ``update[i]`` (the 0-based optimizer step) belong to ``trainer.loss.records[i]``.
+    ``update[i]`` (the 0-based optimizer step) belong to ``trainer.loss.records[i]``. With ``isolated`` it also
+    measures :func:`isolated_changes` before the step, on every out-of-region token (``A ≠ 0``) where a predictive
+    sign differs from the ratio sign plus ``isolated`` random agreeing ones per call: ``isolated_delta[i]`` (NaN where
+    not measured) and ``isolated_check`` (the largest gap between the float64 copy's D and the trainer's).
     """
 
-    def __init__(self, trainer):
+    def __init__(self, trainer, isolated: int | None = None, seed: int = 0):
+        import torch
         from transformers import TrainerCallback
+
+        from dllm_trl.losses.divergence_masks import divergence_proximity
 
         self.trainer, self.loss = trainer, trainer.loss
         self.compute = trainer.loss.compute
         self.pending, self.after, self.update, self.step = [], {}, {}, 0
+        self.isolated_delta, self.isolated_check = {}, 0.0
+        generator = torch.Generator().manual_seed(seed)
         rescorer = self
 
+        def measure(model, inputs, index):
+            record, args = rescorer.loss.records[index], trainer.args
+            g_agg, g_uni, _ = record_directions(record, rescorer.loss.vocab_size)
+            outside = divergence_proximity(record["div"], record["advantages"], args.divergence_threshold,
+                                           args.divergence_threshold_low, args.divergence_threshold_high)
+            outside &= record["advantages"] != 0
+            ratio = torch.sign(record["log_ratio"])
+            differ = outside & ((torch.sign(g_agg) != ratio) | (torch.sign(g_uni) != ratio))
+            agree = (outside & ~differ).nonzero().squeeze(1)
+            sample = agree[torch.randperm(agree.numel(), generator=generator)[:isolated]]
+            chosen = torch.cat([differ.nonzero().squeeze(1), sample]).sort().values
+            delta = torch.full(record["div"].shape, float("nan"), dtype=torch.float64)
+            if chosen.numel():
+                deltas, befores = isolated_changes(model, inputs, record, chosen, rescorer.loss.vocab_size,
+                                                   rescorer.loss.score_temperature)
+                delta[chosen] = torch.tensor(deltas, dtype=torch.float64)
+                gap = (torch.tensor(befores) - record["div"][chosen].double()).abs().max()
+                rescorer.isolated_check = max(rescorer.isolated_check, float(gap))
+            rescorer.isolated_delta[index] = delta
+
         def compute(model, inputs, **kwargs):
-            if rescorer.loss.records is not None and kwargs.get("training", True):
+            training = rescorer.loss.records is not None and kwargs.get("training", True)
+            if training:
                 rescorer.pending.append((len(rescorer.loss.records), model, inputs, kwargs))
                 rescorer.update[len(rescorer.loss.records)] = rescorer.step
-            return rescorer.compute(model, inputs, **kwargs)
+            out = rescorer.compute(model, inputs, **kwargs)
+            if training and isolated is not None:
+                measure(model, inputs, len(rescorer.loss.records) - 1)
+            return out
 
         class Callback(TrainerCallback):
             def on_step_end(self, args, state, control, **kwargs):
@@ -261,23 +362,23 @@ class Rescorer:
         self.step += 1
 
 
-def token_table(records, rescored, updates, vocab_size):
+def token_table(records, rescored, updates, vocab_size, isolated=None):
     """One tensor per quantity over every recorded token of a run: the trainer's records, both tail estimators of
-    ``g`` rebuilt from the same truncated view, the re-scored ``D`` and the update index of the token's step."""
+    ``g`` rebuilt from the same truncated view, the re-scored ``D``, the update index of the token's step and, when
+    given, the isolated ΔD (NaN where not measured)."""
     import torch
 
-    from dllm_trl.losses.divergence_masks import directional_derivative, truncated_view
-
     columns = {name: [] for name in ("div", "div_after", "g_agg", "g_uni", "direction", "log_ratio", "advantages",
-                                     "keep", "step", "mu_tail")}
-    for record, after, step in zip(records, rescored, updates):
-        view = truncated_view(record["mu_ids"], record["mu_logps"], record["action"], record["mu_action_logps"],
-                              record["pi_support"], vocab_size=vocab_size, binary=record["mu_ids"].shape[-1] == 0)
-        columns["g_agg"].append(directional_derivative(view, "kl", "aggregated"))
-        columns["g_uni"].append(directional_derivative(view, "kl", "uniform"))
-        columns["mu_tail"].append(view.mu_tail)
+                                     "keep", "step", "mu_tail", "isolated_delta")}
+    for i, (record, after, step) in enumerate(zip(records, rescored, updates)):
+        g_agg, g_uni, mu_tail = record_directions(record, vocab_size)
+        columns["g_agg"].append(g_agg)
+        columns["g_uni"].append(g_uni)
+        columns["mu_tail"].append(mu_tail)
         columns["div_after"].append(after)
         columns["step"].append(torch.full_like(record["div"], step, dtype=torch.long))
+        columns["isolated_delta"].append(isolated[i] if isolated is not None
+                                         else torch.full(record["div"].shape, float("nan"), dtype=torch.float64))
         for name in ("div", "direction", "log_ratio", "advantages", "keep"):
             columns[name].append(record[name])
     return {name: torch.cat(values) for name, values in columns.items()}
@@ -473,7 +574,8 @@ def run_one(model_kind, method, seed, args) -> dict:
         if masks:
             trainer.loss.records = []  # the trainer keeps the per-token mask tensors of every loss call here
             if model_kind == "causal":
-                rescorer = Rescorer(trainer)
+                rescorer = Rescorer(trainer, isolated=None if args.isolated_sample < 0 else args.isolated_sample,
+                                    seed=seed)
         start = time.perf_counter()
         trainer.train()
         train_seconds = time.perf_counter() - start
@@ -507,7 +609,9 @@ def run_one(model_kind, method, seed, args) -> dict:
         if sorted(rescorer.after) != list(range(len(records))):
             raise RuntimeError("the re-scoring missed loss calls: the trainer's step structure is not the expected one")
         tokens = token_table(records, [rescorer.after[i] for i in range(len(records))],
-                             [rescorer.update[i] for i in range(len(records))], trainer.loss.vocab_size)
+                             [rescorer.update[i] for i in range(len(records))], trainer.loss.vocab_size,
+                             [rescorer.isolated_delta[i] for i in range(len(records))] if rescorer.isolated_delta
+                             else None)
         own = tokens["g_agg" if trainer.args.tail_estimator == "aggregated" else "g_uni"]
         result["direction_rebuild_error"] = float((own - tokens["direction"]).abs().max())
         thresholds = dict(delta=trainer.args.divergence_threshold, delta_low=trainer.args.divergence_threshold_low,
@@ -519,6 +623,11 @@ def run_one(model_kind, method, seed, args) -> dict:
             kept=direction_agreement(*quantities, **thresholds, subset=tokens["keep"]),
             off_policy=direction_agreement(*quantities, **thresholds, subset=off),
         )
+        if rescorer.isolated_delta:
+            measured = ~tokens["isolated_delta"].isnan()
+            isolated = [tokens["div"], tokens["div"].double() + tokens["isolated_delta"], *quantities[2:]]
+            result["direction_agreement"]["isolated"] = direction_agreement(*isolated, **thresholds, subset=measured)
+            result["isolated_check"] = rescorer.isolated_check
         result["divergence_profile"] = divergence_profile(tokens, updates_per_rollout)
     return result
 
@@ -553,7 +662,7 @@ def collapsed(run, fraction) -> bool:
 
 def pooled_agreement(runs, part="all") -> dict | None:
     """Direction-agreement counts summed over runs (``part``: ``all``, ``kept`` or ``off_policy`` tokens)."""
-    parts = [r["direction_agreement"][part] for r in runs if "direction_agreement" in r]
+    parts = [r["direction_agreement"][part] for r in runs if part in r.get("direction_agreement", {})]
     if not parts:
         return None
     return {key: sum(p[key] for p in parts) for key in parts[0]}
@@ -710,6 +819,13 @@ def markdown(store, args) -> str:
             lines += direction_lines(mask_runs, "all")
             lines += ["", "The same on the off-policy updates only (2nd and later update of a rollout batch):", ""]
             lines += direction_lines(mask_runs, "off_policy")
+            if pooled_agreement(mask_runs, "isolated") is not None:
+                lines += ["", "Isolated first-order check: ΔD when the parameters move a short step (length "
+                          f"{ISOLATED_STEP:g}) along the token's own update direction only, from the policy before the "
+                          "update. Measured on every out-of-region token where a predictive sign differs from the "
+                          f"ratio sign, plus {setup.get('isolated_sample')} random agreeing ones per update, so only "
+                          "the 'where they differ' columns are the full population:", ""]
+                lines += direction_lines(mask_runs, "isolated")
             lines += ["", "Per-token D of the mask runs (nats), by update index within a rollout batch:", ""]
             lines += profile_lines(mask_runs)
             lines.append("")
@@ -772,7 +888,7 @@ def main(argv=None):
     setup = dict(steps=args.steps, num_iterations=args.num_iterations, learning_rate=args.learning_rate,
                  num_generations=args.num_generations, prompts_per_step=args.prompts_per_step, delta=args.delta,
                  top_k=args.top_k, eval_size=args.eval_size, eval_samples=args.eval_samples,
-                 rollout_quant=args.rollout_quant, minibatches=args.minibatches)
+                 rollout_quant=args.rollout_quant, minibatches=args.minibatches, isolated_sample=args.isolated_sample)
     if args.report_only:
         if not store.get("runs"):
             raise SystemExit(f"no runs in {results_path} to report")

@@ -99,6 +99,13 @@ def test_quick_mode_writes_the_result_fields(trust_region, tmp_path):
     assert sorted(profile["by_update"]) == ["0", "1", "2"]
     assert profile["by_update"]["0"]["max"] < 1e-3  # on-policy first update: μ is the training policy itself
     assert profile["by_update"]["2"]["q99"] >= profile["by_update"]["2"]["q50"] >= 0.0
+    # The isolated first-order check measured every disagreeing out-of-region token, on a float64 copy that
+    # reproduces the trainer's D.
+    isolated = run["direction_agreement"]["isolated"]
+    assert isolated["agg_disagree"] == run["direction_agreement"]["all"]["agg_disagree"]
+    assert isolated["uni_disagree"] == run["direction_agreement"]["all"]["uni_disagree"]
+    assert isolated["tokens"] <= run["direction_agreement"]["all"]["tokens"]
+    assert run["isolated_check"] < 1e-4
     shares = list(profile["off_policy_share_above"].values())
     assert shares == sorted(shares, reverse=True) and all(0.0 <= v <= 1.0 for v in shares)
 
