@@ -699,12 +699,24 @@ def summarise(runs, baseline, fraction=0.5):
     )
 
 
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+         2.120, 2.110, 2.101, 2.093, 2.086)
+"""Two-sided 95% quantiles of Student's t for 1–20 degrees of freedom (1.96 beyond)."""
+
+
 def _paired(rows, runs, reference, key):
+    """Paired per-seed differences to ``reference``: mean ± std [95% t-interval of the mean]."""
     if not rows or rows[0]["method"] == reference:
         return "—"
     ref = {r["seed"]: r.get(key) for r in runs if r["method"] == reference}
     deltas = [r[key] - ref[r["seed"]] for r in rows if ref.get(r["seed"]) is not None and r.get(key) is not None]
-    return _fmt(_mean_std(deltas), signed=True) if deltas else "—"
+    if not deltas:
+        return "—"
+    mean, std = _mean_std(deltas)
+    if len(deltas) < 2:
+        return _fmt((mean, std), signed=True)
+    half = (T_975[len(deltas) - 2] if len(deltas) - 1 <= len(T_975) else 1.96) * std / len(deltas) ** 0.5
+    return f"{_fmt((mean, std), signed=True)} [{mean - half:+.3f}, {mean + half:+.3f}]"
 
 
 HEADER = (
@@ -782,7 +794,7 @@ def markdown(store, args) -> str:
         f"Greedy solve rate and avg@{n} ({n} temperature-1 samples per puzzle): first {setup['eval_size']} puzzles of "
         "the test split; mean ± sample std over seeds. Collapse: the training reward (trailing mean of 3 rollouts) "
         f"ends below {fraction:g} × the first rollout's. Δ (paired): per-seed difference to the run of the reference "
-        "method at the same seed (same first rollout), mean ± std. Masked tokens: mean over off-policy steps of the "
+        "method at the same seed (same first rollout), mean ± std [95% t-interval of the mean]. Masked tokens: mean over off-policy steps of the "
         "share of loss tokens the trust region drops (clipped surrogates: TRL's clip_ratio/region_mean)."
     )
     lines = [intro, ""]
