@@ -107,6 +107,10 @@ def parse_args(argv=None):
     parser.add_argument("--name", default="trust_region", help="Stem of the output files.")
     parser.add_argument("--fresh", action="store_true", help="Ignore runs already in the JSON file.")
     parser.add_argument("--report-only", action="store_true", help="Only rewrite the table and plot from the JSON.")
+    parser.add_argument("--analysis", choices=["direction"],
+                        help="direction: pool the direction-agreement counts of the mask runs in the study JSON files "
+                             "given by --inputs and write {name}_direction.md (no training).")
+    parser.add_argument("--inputs", nargs="+", default=[], help="Study JSON files for --analysis.")
     args = parser.parse_args(argv)
     if args.quick:
         args.steps, args.seeds = 3, args.seeds[:1]
@@ -888,8 +892,38 @@ def plot(store, path, fraction=0.5):
     plt.close(fig)
 
 
+def direction_report(paths) -> str:
+    """The direction-agreement tables pooled over the causal mask runs of several study JSON files."""
+    sections = []
+    runs = []
+    for path in paths:
+        store = json.loads(Path(path).read_text())
+        setup = store["setup"]
+        chosen = [r for r in store["runs"] if "direction_agreement" in r]
+        runs += chosen
+        sections.append(f"* `{Path(path).name}`: δ = {setup['delta']:g}, K = {setup['top_k']}, rollout "
+                        f"{setup.get('rollout_quant', 'none')}, num_iterations {setup['num_iterations']}, minibatches "
+                        f"{setup.get('minibatches', 1)}; {len(chosen)} mask runs")
+    lines = ["Pooled over:", "", *sections, "", "All out-of-region tokens with A ≠ 0 (realised = re-scored after the "
+             "optimizer step; k/n = share [95% Wilson interval]):", "", *direction_lines(runs, "all")]
+    if pooled_agreement(runs, "isolated") is not None:
+        lines += ["", f"Isolated first-order check (a step of length {ISOLATED_STEP:g} along the token's own update "
+                  "direction; every disagreeing token, plus a sample of agreeing ones, so only the 'where they differ' "
+                  "columns are the full population):", "", *direction_lines(runs, "isolated")]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None):
     args = parse_args(argv)
+    if args.analysis == "direction":
+        if not args.inputs:
+            raise SystemExit("--analysis direction needs --inputs (study JSON files)")
+        report = direction_report(args.inputs)
+        out = Path(args.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"{args.name}_direction.md").write_text(report)
+        print(report)
+        return report
     import torch
 
     torch.set_num_threads(args.threads)

@@ -215,3 +215,34 @@ def test_rollout_weights_are_rounded_then_restored(trust_region, kind):
         assert torch.equal(model[0].bias, original["0.bias"])
     for name, p in model.named_parameters():
         assert torch.equal(p, original[name])
+
+
+def test_direction_analysis_pools_counts_over_files(trust_region, tmp_path):
+    """``--analysis direction`` sums the per-run counts of several study files, by method and over all mask runs."""
+    keys = ("tokens", "realised_up", "ratio_right", "agg_right", "uni_right", "agg_disagree", "agg_right_on_disagree",
+            "agg_tie_on_disagree", "agg_up_on_disagree", "uni_disagree", "uni_right_on_disagree",
+            "uni_tie_on_disagree", "uni_up_on_disagree")
+    counts = lambda *values: dict(zip(keys, values))
+    setup = dict(delta=0.05, top_k=2, rollout_quant="fp8_e5m2", num_iterations=4, minibatches=1)
+    first = dict(setup=setup, runs=[
+        dict(method="dppo_topk_kl", seed=0, direction_agreement={"all": counts(100, 80, 70, 71, 70, 4, 3, 0, 3, 2, 1, 0, 1)}),
+        dict(method="grpo_clip_higher", seed=0),  # no mask: left out
+    ])
+    second = dict(setup=dict(setup, delta=0.02), runs=[
+        dict(method="dppo_topk_kl", seed=1, direction_agreement={"all": counts(50, 40, 30, 30, 31, 6, 2, 1, 4, 3, 3, 0, 2)}),
+        dict(method="predictive_uni", seed=1, direction_agreement={"all": counts(10, 5, 5, 5, 5, 0, 0, 0, 0, 0, 0, 0, 0)}),
+    ])
+    paths = []
+    for name, store in (("a", first), ("b", second)):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(store))
+    report = trust_region.main(["--analysis", "direction", "--inputs", *map(str, paths), "--output-dir", str(tmp_path),
+                                "--name", "pooled"])
+    assert (tmp_path / "pooled_direction.md").read_text() == report
+    rows = {line.split(" | ")[0].strip("| "): line for line in report.splitlines() if line.startswith("| ")}
+    dppo = rows["DPPO top-K KL (ratio direction)"]
+    assert "| 150 |" in dppo and "100/150 = 66.7%" in dppo and "5/10 = 50.0%" in dppo  # ratio right; agg. on disagree
+    low, high = trust_region.wilson_interval(5, 10)
+    assert f"[{100 * low:.1f}, {100 * high:.1f}]" in dppo
+    assert "| 160 |" in rows["all mask runs"] and "GRPO" not in report
+    assert "2 mask runs" in report and "1 mask runs" in report
