@@ -88,7 +88,9 @@ def parse_args(argv=None):
     parser.add_argument("--top-k", type=int, default=4, help="K of the behaviour top-K (vocabulary of 22 tokens).")
     parser.add_argument("--eval-size", type=int, default=100, help="First N test puzzles for the greedy solve rate.")
     parser.add_argument("--eval-samples", type=int, default=8,
-                        help="Temperature-1 samples per held-out puzzle for avg@N (causal toy; 0 skips it).")
+                        help="Temperature-1 samples per held-out puzzle for avg@N (0 skips it).")
+    parser.add_argument("--cache-mode", choices=["dual", "prefix", "none"], default="dual",
+                        help="Diffusion toy: the rollout sampler's KV cache ('none' is exact: μ = the training forward).")
     parser.add_argument("--rollout-quant", choices=ROLLOUT_QUANT, default="none",
                         help="Fake-quantise the rollout model's weights (per-tensor scale, round to the format's grid) "
                              "while it generates, as an FP8 rollout engine does: μ ≠ π_old (causal toy).")
@@ -494,14 +496,14 @@ def solve_rate(model_kind, model, tokenizer, eval_size) -> float:
     return result["accuracy"]
 
 
-def sampled_solve_rate(model, tokenizer, eval_size, samples, seed=1234) -> float:
-    """avg@N of the causal toy: ``samples`` temperature-1 completions per held-out puzzle (no top-k / top-p), the
-    share solved over all of them; the sampling RNG is forked and seeded, so it is the same draw for every run."""
+def sampled_solve_rate(model_kind, model, tokenizer, eval_size, samples, seed=1234) -> float:
+    """avg@N: ``samples`` temperature-1 completions per held-out puzzle (no top-k / top-p; the diffusion toy with its
+    Sudoku sampler at temperature 1), the share solved over all of them; the sampling RNG is forked and seeded."""
     import torch
 
     from dllm_trl.evaluation.tasks import score_completions
     from dllm_trl.generation import decode_prompts
-    from dllm_trl.toy import SUDOKU_GEN_LENGTH, sudoku_dataset, sudoku_reward
+    from dllm_trl.toy import SUDOKU_GEN_LENGTH, sudoku_dataset, sudoku_generation_config, sudoku_reward
 
     held_out = sudoku_dataset("test", size=eval_size)
     prompts = [prompt for prompt in held_out["prompt"] for _ in range(samples)]
@@ -516,7 +518,11 @@ def sampled_solve_rate(model, tokenizer, eval_size, samples, seed=1234) -> float
 
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        decoded = decode_prompts(model, tokenizer, prompts, batch_size=len(prompts), generate=generate)
+        if model_kind == "causal":
+            decoded = decode_prompts(model, tokenizer, prompts, batch_size=len(prompts), generate=generate)
+        else:
+            decoded = decode_prompts(model, tokenizer, prompts, sudoku_generation_config(temperature=1.0),
+                                     batch_size=len(prompts))
     rewards = score_completions(sudoku_reward, decoded.completions, held_out, num_samples=samples)
     return sum(r >= 1.0 for r in rewards) / max(len(rewards), 1)
 
@@ -555,8 +561,10 @@ def make_trainer(model_kind, method, seed, args, output_dir):
         config = DPPOMaskConfig(output_dir=output_dir, **common, **settings)
         return DPPOMaskTrainer(model=model, args=config, **data), tokenizer
     if kind == "clip":
-        return RLDFTrainer(model=model, args=sudoku_rldf_config(output_dir, **common, **settings), **data), tokenizer
-    config = sudoku_rldf_config(output_dir, config_class=DPPOMaskConfig, **common, **settings)
+        return RLDFTrainer(model=model, args=sudoku_rldf_config(output_dir, **common, **settings,
+                                                                cache_mode=args.cache_mode), **data), tokenizer
+    config = sudoku_rldf_config(output_dir, config_class=DPPOMaskConfig, **common, **settings,
+                                cache_mode=args.cache_mode)
     return DPPOMaskTrainer(model=model, args=config, **data), tokenizer
 
 
@@ -585,8 +593,8 @@ def run_one(model_kind, method, seed, args) -> dict:
         train_seconds = time.perf_counter() - start
     start = time.perf_counter()
     after = solve_rate(model_kind, trainer.model, tokenizer, args.eval_size)
-    sampled = (sampled_solve_rate(trainer.model, tokenizer, args.eval_size, args.eval_samples)
-               if model_kind == "causal" and args.eval_samples else None)
+    sampled = (sampled_solve_rate(model_kind, trainer.model, tokenizer, args.eval_size, args.eval_samples)
+               if args.eval_samples else None)
     eval_seconds = time.perf_counter() - start
     logs = [entry for entry in trainer.state.log_history if "loss" in entry]  # one per optimizer step
     masked_key = "dppo/masked_frac" if masks else "clip_ratio/region_mean"
@@ -794,7 +802,8 @@ def markdown(store, args) -> str:
         f"generations per rollout, each rollout reused for num_iterations = {setup['num_iterations']} passes"
         f"{' in ' + str(setup['minibatches']) + ' minibatches' if setup.get('minibatches', 1) > 1 else ''}, lr "
         f"{setup['learning_rate']:g} constant, β 0, δ = {setup['delta']:g} nats (top-K KL, K = {setup['top_k']}); "
-        f"rollout weights: {'full precision' if quant == 'none' else quant + ' fake-quantised (μ ≠ π_old)'}. "
+        f"rollout weights: {'full precision' if quant == 'none' else quant + ' fake-quantised (μ ≠ π_old)'}"
+        f"{'; diffusion rollout cache: ' + setup['cache_mode'] if 'cache_mode' in setup else ''}. "
         f"Greedy solve rate and avg@{n} ({n} temperature-1 samples per puzzle): first {setup['eval_size']} puzzles of "
         "the test split; mean ± sample std over seeds. Collapse: the training reward (trailing mean of 3 rollouts) "
         f"ends below {fraction:g} × the first rollout's. Δ (paired): per-seed difference to the run of the reference "
@@ -935,6 +944,8 @@ def main(argv=None):
                  num_generations=args.num_generations, prompts_per_step=args.prompts_per_step, delta=args.delta,
                  top_k=args.top_k, eval_size=args.eval_size, eval_samples=args.eval_samples,
                  rollout_quant=args.rollout_quant, minibatches=args.minibatches, isolated_sample=args.isolated_sample)
+    if "diffusion" in args.models:
+        setup["cache_mode"] = args.cache_mode
     if args.report_only:
         if not store.get("runs"):
             raise SystemExit(f"no runs in {results_path} to report")
@@ -945,9 +956,9 @@ def main(argv=None):
         if model_kind not in store["baseline"] and not args.report_only:
             model, tokenizer = load_model(model_kind)
             store["baseline"][model_kind] = solve_rate(model_kind, model, tokenizer, args.eval_size)
-            if model_kind == "causal" and args.eval_samples:
+            if args.eval_samples:
                 store.setdefault("baseline_sampled", {})[model_kind] = sampled_solve_rate(
-                    model, tokenizer, args.eval_size, args.eval_samples)
+                    model_kind, model, tokenizer, args.eval_size, args.eval_samples)
             results_path.write_text(json.dumps(store, indent=1) + "\n")
     done = {(r["model"], r["method"], r["seed"]) for r in store["runs"]}
     todo = [(m, method, seed) for m in args.models for method in args.methods for seed in args.seeds

@@ -246,3 +246,16 @@ def test_direction_analysis_pools_counts_over_files(trust_region, tmp_path):
     assert f"[{100 * low:.1f}, {100 * high:.1f}]" in dppo
     assert "| 160 |" in rows["all mask runs"] and "GRPO" not in report
     assert "2 mask runs" in report and "1 mask runs" in report
+
+
+@pytest.mark.slow
+def test_quick_mode_on_the_diffusion_toy_with_an_exact_rollout(trust_region, tmp_path):
+    """The diffusion toy with no rollout cache: avg@N from its sampler at temperature 1, the cache mode recorded."""
+    store = trust_region.main(["--quick", "--models", "diffusion", "--methods", "dppo_topk_kl", "--eval-size", "10",
+                               "--eval-samples", "2", "--cache-mode", "none", "--output-dir", str(tmp_path)])
+    (run,) = store["runs"]
+    assert store["setup"]["cache_mode"] == "none" and 0.0 <= run["sampled_solve_rate"] <= 1.0
+    assert 0.0 <= store["baseline_sampled"]["diffusion"] <= 1.0
+    assert "direction_agreement" not in run  # the re-scoring is causal-only
+    # No cache: the rollout's record is the training forward's distribution, so the first update masks nothing.
+    assert run["masked_frac_per_step"][0] == 0.0
