@@ -38,6 +38,7 @@ Markdown table and a PNG plot::
     python benchmarks/trust_region.py --quick               # 1 seed, 3 steps: a rehearsal (written to a temp dir)
     python benchmarks/trust_region.py --models causal --methods dppo_topk_kl predictive_uni --seeds 0 1
     python benchmarks/trust_region.py --models causal --rollout-quant fp8_e5m2 --top-k 2 --delta 0.05  # issue 24
+    python benchmarks/trust_region.py --analysis direction --inputs docs/trust_region_stress_delta0.05.json  # pooled
 """
 
 from __future__ import annotations

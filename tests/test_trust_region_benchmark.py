@@ -1,5 +1,6 @@
-"""benchmarks/trust_region.py: its direction-disagreement helper against a brute-force reference, and its quick mode
-end to end on the causal Sudoku toy."""
+"""benchmarks/trust_region.py: its direction-disagreement and direction-agreement helpers against brute-force
+references, the Wilson interval, the fake-quantised rollout weights, the pooled direction analysis, and its quick
+mode end to end on the causal Sudoku toy (with and without the rollout mismatch) and on the diffusion toy."""
 
 from __future__ import annotations
 
@@ -248,7 +249,6 @@ def test_direction_analysis_pools_counts_over_files(trust_region, tmp_path):
     assert "2 mask runs" in report and "1 mask runs" in report
 
 
-@pytest.mark.slow
 def test_quick_mode_on_the_diffusion_toy_with_an_exact_rollout(trust_region, tmp_path):
     """The diffusion toy with no rollout cache: avg@N from its sampler at temperature 1, the cache mode recorded."""
     store = trust_region.main(["--quick", "--models", "diffusion", "--methods", "dppo_topk_kl", "--eval-size", "10",
