@@ -16,8 +16,8 @@ Methods (how each one is expressed; see docs/trust_region.md):
 * ``predictive_agg`` / ``predictive_uni``: the same with ``mask_direction="predictive"`` and
   ``tail_estimator="aggregated"`` / ``"uniform"``.
 
-Per run: greedy held-out solve rate of the first ``--eval-size`` test puzzles after training and, on the causal toy,
-avg@8 (8 temperature-1 samples per puzzle; the start values are measured once per model), the mean rollout reward per
+Per run: greedy held-out solve rate of the first ``--eval-size`` test puzzles after training and avg@8 (8
+temperature-1 samples per puzzle; the start values are measured once per model), the mean rollout reward per
 rollout (collapse is defined on it: the trailing mean of 3 rollouts ends below ``--collapse-fraction`` of the first),
 the fraction of loss tokens the trust region drops (``dppo/masked_frac``; ``clip_ratio/region_mean`` for the clipped
 surrogates), and for the divergence masks the fraction of tokens outside the trust region (``D > δ``) and, among
@@ -34,7 +34,7 @@ weights, so μ ≠ π_old as with FP8 rollouts) and ``--minibatches``.
 Results go to a JSON file after every run (runs already there are skipped, so an interrupted study resumes), then a
 Markdown table and a PNG plot::
 
-    python benchmarks/trust_region.py                       # 2 models x 5 methods x 5 seeds, 48 steps
+    python benchmarks/trust_region.py                       # 2 models x 5 methods x 5 seeds, 48 steps, δ 0.15, K 4
     python benchmarks/trust_region.py --quick               # 1 seed, 3 steps: a rehearsal (written to a temp dir)
     python benchmarks/trust_region.py --models causal --methods dppo_topk_kl predictive_uni --seeds 0 1
     python benchmarks/trust_region.py --models causal --rollout-quant fp8_e5m2 --top-k 2 --delta 0.05  # issue 24
