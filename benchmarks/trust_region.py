@@ -16,22 +16,37 @@ Methods (how each one is expressed; see docs/trust_region.md):
 * ``predictive_agg`` / ``predictive_uni``: the same with ``mask_direction="predictive"`` and
   ``tail_estimator="aggregated"`` / ``"uniform"``.
 
-Per run: greedy held-out solve rate of the first ``--eval-size`` test puzzles after training (the start value is
-measured once per model), the mean rollout reward per step, the fraction of loss tokens the trust region drops
-(``dppo/masked_frac``; ``clip_ratio/region_mean`` for the clipped surrogates), and for the divergence masks the
-fraction of tokens outside the trust region (``D > δ``) and, among those, the fraction on which the predictive and
-the ratio direction criteria point differently — both directions computed on the same tokens by the trainer.
+Per run: greedy held-out solve rate of the first ``--eval-size`` test puzzles after training and avg@8 (8
+temperature-1 samples per puzzle; the start values are measured once per model), the mean rollout reward per
+rollout (collapse is defined on it: the trailing mean of 3 rollouts ends below ``--collapse-fraction`` of the first),
+the fraction of loss tokens the trust region drops (``dppo/masked_frac``; ``clip_ratio/region_mean`` for the clipped
+surrogates), and for the divergence masks the fraction of tokens outside the trust region (``D > δ``) and, among
+those, the fraction on which the predictive and the ratio direction criteria point differently.
+
+Issue 24 added, for the divergence masks on the causal toy: the distribution of the mask's ``D`` by update index and
+the δ whose region is as large as clip-higher's ratio window (:func:`divergence_profile`, to calibrate ``--delta``);
+and the direction-agreement analysis (:func:`direction_agreement`): every loss call is re-scored with the policy after
+the optimizer step that used it (:class:`Rescorer`), and for each out-of-region token the ratio sign, the predictive
+sign (both tail estimators) and the realised sign of ΔD are compared, with 95% Wilson intervals in the table. Stresses
+that let the criteria differ: ``--top-k`` below the effective vocabulary, ``--rollout-quant`` (fake-quantised rollout
+weights, so μ ≠ π_old as with FP8 rollouts) and ``--minibatches``.
+
 Results go to a JSON file after every run (runs already there are skipped, so an interrupted study resumes), then a
 Markdown table and a PNG plot::
 
-    python benchmarks/trust_region.py                       # 2 models x 5 methods x 5 seeds, 48 steps
+    python benchmarks/trust_region.py                       # the main study: causal toy, FP8 rollouts, K 2, δ 0.05,
+                                                            # 5 methods x 10 seeds, 48 steps (trust_region_stress_delta0.05)
     python benchmarks/trust_region.py --quick               # 1 seed, 3 steps: a rehearsal (written to a temp dir)
-    python benchmarks/trust_region.py --models causal --methods dppo_topk_kl predictive_uni --seeds 0 1
+    python benchmarks/trust_region.py --methods dppo_topk_kl predictive_uni --seeds 0 1
+    python benchmarks/trust_region.py --models causal diffusion --rollout-quant none --top-k 4 --delta 0.15 \
+        --seeds 0 1 2 3 4 --name trust_region          # the first, uncalibrated study (superseded)
+    python benchmarks/trust_region.py --analysis direction --inputs docs/trust_region_stress_delta0.05.json  # pooled
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -43,6 +58,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 MODELS = ("causal", "diffusion")
+ROLLOUT_QUANT = ("none", "fp8_e4m3", "fp8_e5m2", "int8")
 METHODS = {
     "grpo_clip_higher": dict(kind="clip", epsilon=0.2, epsilon_high=0.28),
     "ppo_ratio_mask": dict(kind="clip", epsilon=0.2),
@@ -59,11 +75,16 @@ LABELS = {
 }
 
 
+DEFAULT_NAME = "trust_region_stress_delta0.05"
+"""The main study's output stem (docs/trust_region.md): its settings are the defaults."""
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=["causal"],
+                        help="Toys to train (default: the causal one, paper 2's setting).")
     parser.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS))
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(range(10)), help="Paired seeds (default 0-9).")
     parser.add_argument("--steps", type=int, default=48,
                         help="Optimizer steps per run (12 rollouts at num_iterations 4).")
     parser.add_argument("--num-iterations", type=int, default=4,
@@ -71,19 +92,45 @@ def parse_args(argv=None):
     parser.add_argument("--learning-rate", type=float, default=1e-4, help="Constant learning rate (the main job's).")
     parser.add_argument("--num-generations", type=int, default=8)
     parser.add_argument("--prompts-per-step", type=int, default=4)
-    parser.add_argument("--delta", type=float, default=0.15, help="δ of the divergence masks (paper main value).")
-    parser.add_argument("--top-k", type=int, default=4, help="K of the behaviour top-K (vocabulary of 22 tokens).")
+    parser.add_argument("--delta", type=float, default=0.05,
+                        help="δ of the divergence masks, nats (default 0.05: a region as large as clip-higher's on "
+                             "the causal toy, docs/trust_region.md; the paper's main value is 0.15).")
+    parser.add_argument("--top-k", type=int, default=2,
+                        help="K of the behaviour top-K (vocabulary of 22 tokens; 2 leaves mass outside the top-K).")
     parser.add_argument("--eval-size", type=int, default=100, help="First N test puzzles for the greedy solve rate.")
+    parser.add_argument("--eval-samples", type=int, default=8,
+                        help="Temperature-1 samples per held-out puzzle for avg@N (0 skips it).")
+    parser.add_argument("--cache-mode", choices=["dual", "prefix", "none"], default="dual",
+                        help="Diffusion toy: the rollout sampler's KV cache ('none' is exact: μ = the training forward).")
+    parser.add_argument("--rollout-quant", choices=ROLLOUT_QUANT, default=None,
+                        help="Fake-quantise the rollout model's weights (per-tensor scale, round to the format's grid) "
+                             "while it generates, as an FP8 rollout engine does: μ ≠ π_old (causal toy; default fp8_e5m2 when only "
+                             "the causal toy runs, none otherwise).")
+    parser.add_argument("--minibatches", type=int, default=1,
+                        help="Split each rollout batch into N minibatches, one optimizer step each (TRL's "
+                             "steps_per_generation; causal toy): num_iterations × N updates per rollout.")
+    parser.add_argument("--isolated-sample", type=int, default=2,
+                        help="Direction analysis: per update, agreeing out-of-region tokens to measure in isolation "
+                             "besides all disagreeing ones (negative: no isolated measurement).")
+    parser.add_argument("--collapse-fraction", type=float, default=0.5,
+                        help="Collapse: the training reward (trailing mean of 3 rollouts) ends below this fraction of "
+                             "the first rollout's reward.")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads.")
     parser.add_argument("--quick", action="store_true", help="Rehearsal: 1 seed, 3 steps, output in a temp dir.")
     parser.add_argument("--output-dir", default=str(REPO / "docs"), help="Where the JSON, table and plot go.")
-    parser.add_argument("--name", default="trust_region", help="Stem of the output files.")
+    parser.add_argument("--name", default=DEFAULT_NAME, help="Stem of the output files (default: the main study's).")
     parser.add_argument("--fresh", action="store_true", help="Ignore runs already in the JSON file.")
     parser.add_argument("--report-only", action="store_true", help="Only rewrite the table and plot from the JSON.")
+    parser.add_argument("--analysis", choices=["direction"],
+                        help="direction: pool the direction-agreement counts of the mask runs in the study JSON files "
+                             "given by --inputs and write {name}_direction.md (no training).")
+    parser.add_argument("--inputs", nargs="+", default=[], help="Study JSON files for --analysis.")
     args = parser.parse_args(argv)
+    if args.rollout_quant is None:
+        args.rollout_quant = "fp8_e5m2" if args.models == ["causal"] else "none"
     if args.quick:
         args.steps, args.seeds = 3, args.seeds[:1]
-        if args.name == "trust_region":
+        if args.name == DEFAULT_NAME:
             args.name = "trust_region_quick"
         if args.output_dir == str(REPO / "docs"):
             args.output_dir = os.path.join(tempfile.gettempdir(), "dllm_trl_trust_region_quick")
@@ -144,6 +191,298 @@ def record_metrics(records, args) -> dict:
     )
 
 
+# ------------------------------------------------------------------------------------ direction agreement (issue 24)
+def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float] | None:
+    """Wilson score interval of a binomial proportion (95% for the default ``z``); ``None`` when ``n = 0``."""
+    if n == 0:
+        return None
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * ((p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def direction_agreement(div_before, div_after, g_agg, g_uni, log_ratio, advantages, delta, delta_low=None,
+                        delta_high=None, subset=None) -> dict:
+    """Does the predicted direction of a token's update match the realised change of its divergence?
+
+    Over the tokens outside the trust region (``D > δ``, ``δ_high`` where ``A > 0``) with ``A ≠ 0`` (and in
+    ``subset`` when given), the update moves the token's logits along ``sign(A)·(e_a − π)``, so each criterion predicts
+    the sign of ``ΔD``: the ratio criterion ``sign(A)·sign(r − 1)``, the predictive one ``sign(A)·sign(g)`` (``g`` of
+    the aggregated or the uniform tail). The realised sign is ``sign(D_after − D_before)``, ``D_after`` re-scored with
+    the updated policy on the same behaviour view. Returns integer counts: ``tokens``; ``realised_up`` (ΔD > 0);
+    ``ratio_right`` / ``agg_right`` / ``uni_right`` (predicted sign = realised sign); and for each tail, on the tokens
+    where its sign and the ratio's differ, ``{tail}_disagree`` and ``{tail}_right_on_disagree`` (there the ratio sign is
+    right on the others, unless ``ΔD = 0`` exactly: ``{tail}_tie_on_disagree``) and ``{tail}_up_on_disagree`` (ΔD > 0
+    there: the score of "D always rises", the base rate either criterion must beat).
+    """
+    import torch
+
+    from dllm_trl.losses.divergence_masks import divergence_proximity
+
+    eligible = divergence_proximity(div_before, advantages, delta, delta_low, delta_high) & (advantages != 0)
+    if subset is not None:
+        eligible = eligible & subset
+    a_sign = torch.sign(advantages)
+    realised = torch.sign(div_after.double() - div_before.double())
+    ratio = a_sign * torch.sign(log_ratio)
+    counts = dict(tokens=int(eligible.sum()), realised_up=int((eligible & (realised > 0)).sum()),
+                  ratio_right=int((eligible & (ratio == realised)).sum()))
+    for tail, g in (("agg", g_agg), ("uni", g_uni)):
+        predicted = a_sign * torch.sign(g)
+        differ = eligible & (predicted != ratio)
+        counts[f"{tail}_right"] = int((eligible & (predicted == realised)).sum())
+        counts[f"{tail}_disagree"] = int(differ.sum())
+        counts[f"{tail}_right_on_disagree"] = int((differ & (predicted == realised)).sum())
+        counts[f"{tail}_tie_on_disagree"] = int((differ & (realised == 0)).sum())
+        counts[f"{tail}_up_on_disagree"] = int((differ & (realised > 0)).sum())
+    return counts
+
+
+def record_directions(record, vocab_size):
+    """``g`` of both tail estimators and the behaviour tail mass, rebuilt from one loss call's record."""
+    from dllm_trl.losses.divergence_masks import directional_derivative, truncated_view
+
+    view = truncated_view(record["mu_ids"], record["mu_logps"], record["action"], record["mu_action_logps"],
+                          record["pi_support"], vocab_size=vocab_size, binary=record["mu_ids"].shape[-1] == 0)
+    return directional_derivative(view, "kl", "aggregated"), directional_derivative(view, "kl", "uniform"), view.mu_tail
+
+
+ISOLATED_STEP = 1e-3
+"""Parameter-space length of the isolated step (an Adam step of the study moves the parameters by about 0.1)."""
+
+
+def isolated_changes(model, inputs, record, chosen, vocab_size, temperature=1.0, step=ISOLATED_STEP):
+    """ΔD at each ``chosen`` token of a causal loss call when the parameters move by ``step`` along that token's own
+    update direction only, ``sign(A)·∇_θ log π_θ(a) / ‖·‖``, from the policy before the optimizer step: the realised
+    first-order effect the direction criteria predict, without the other tokens' gradients. In float64 on a copy of
+    the model; returns ``(ΔD, D before)`` per chosen token (``D before`` checks the copy against the trainer's ``D``)."""
+    import copy
+
+    import torch
+
+    from dllm_trl.losses.divergence_masks import divergence, truncated_view
+
+    twin = copy.deepcopy(model).double()
+    params = [p for p in twin.parameters() if p.requires_grad]
+    completion_mask = inputs["completion_mask"]
+    if "tool_mask" in inputs:
+        completion_mask = completion_mask * inputs["tool_mask"]
+    rows, columns = completion_mask.bool().nonzero(as_tuple=True)
+    input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    k = record["mu_ids"].shape[-1]
+
+    def divergence_at(logps, i):
+        support = torch.cat([record["mu_ids"][i].clamp(min=0), record["action"][i].view(1)])
+        view = truncated_view(record["mu_ids"][i:i + 1], record["mu_logps"][i:i + 1].double(),
+                              record["action"][i:i + 1], record["mu_action_logps"][i:i + 1].double(),
+                              logps[support].unsqueeze(0), vocab_size=vocab_size, binary=k == 0)
+        return divergence(view, "kl")[0]
+
+    deltas, befores = [], []
+    for i in chosen.tolist():
+        b, position = rows[i], inputs["prompt_ids"].shape[1] + columns[i] - 1
+
+        def logps_at():
+            # The class's forward: accelerate leaves a forward bound to the original model on the instance, which a
+            # deep copy keeps.
+            logits = type(twin).forward(twin, input_ids=input_ids[b:b + 1], attention_mask=attention_mask[b:b + 1]).logits
+            return (logits[0, position] / temperature).log_softmax(-1)
+
+        logps = logps_at()
+        grads = torch.autograd.grad(logps[record["action"][i]], params)
+        scale = float(torch.sign(record["advantages"][i])) * step / torch.sqrt(sum(g.square().sum() for g in grads))
+        with torch.no_grad():
+            before = divergence_at(logps.detach(), i)
+            for p, g in zip(params, grads):
+                p.add_(g, alpha=float(scale))
+            after = divergence_at(logps_at(), i)
+            for p, g in zip(params, grads):
+                p.sub_(g, alpha=float(scale))
+        deltas.append(float(after - before))
+        befores.append(float(before))
+    return deltas, befores
+
+
+class Rescorer:
+    """Re-scores every loss call of a causal ``DPPOMaskTrainer`` with the policy after the optimizer step that used it.
+
+    Wraps ``trainer.loss.compute`` to keep the inputs of each call, and, as a callback, runs the same computation
+    without gradients at ``on_step_end`` (after ``optimizer.step()``), keeping the re-scored ``D``: ``after[i]`` and
+    ``update[i]`` (the 0-based optimizer step) belong to ``trainer.loss.records[i]``. With ``isolated`` it also
+    measures :func:`isolated_changes` before the step, on every out-of-region token (``A ≠ 0``) where a predictive
+    sign differs from the ratio sign plus ``isolated`` random agreeing ones per call: ``isolated_delta[i]`` (NaN where
+    not measured) and ``isolated_check`` (the largest gap between the float64 copy's D and the trainer's).
+    """
+
+    def __init__(self, trainer, isolated: int | None = None, seed: int = 0):
+        import torch
+        from transformers import TrainerCallback
+
+        from dllm_trl.losses.divergence_masks import divergence_proximity
+
+        self.trainer, self.loss = trainer, trainer.loss
+        self.compute = trainer.loss.compute
+        self.pending, self.after, self.update, self.step = [], {}, {}, 0
+        self.isolated_delta, self.isolated_check = {}, 0.0
+        generator = torch.Generator().manual_seed(seed)
+        rescorer = self
+
+        def measure(model, inputs, index):
+            record, args = rescorer.loss.records[index], trainer.args
+            g_agg, g_uni, _ = record_directions(record, rescorer.loss.vocab_size)
+            outside = divergence_proximity(record["div"], record["advantages"], args.divergence_threshold,
+                                           args.divergence_threshold_low, args.divergence_threshold_high)
+            outside &= record["advantages"] != 0
+            ratio = torch.sign(record["log_ratio"])
+            differ = outside & ((torch.sign(g_agg) != ratio) | (torch.sign(g_uni) != ratio))
+            agree = (outside & ~differ).nonzero().squeeze(1)
+            sample = agree[torch.randperm(agree.numel(), generator=generator)[:isolated]]
+            chosen = torch.cat([differ.nonzero().squeeze(1), sample]).sort().values
+            delta = torch.full(record["div"].shape, float("nan"), dtype=torch.float64)
+            if chosen.numel():
+                deltas, befores = isolated_changes(model, inputs, record, chosen, rescorer.loss.vocab_size,
+                                                   rescorer.loss.score_temperature)
+                delta[chosen] = torch.tensor(deltas, dtype=torch.float64)
+                gap = (torch.tensor(befores) - record["div"][chosen].double()).abs().max()
+                rescorer.isolated_check = max(rescorer.isolated_check, float(gap))
+            rescorer.isolated_delta[index] = delta
+
+        def compute(model, inputs, **kwargs):
+            training = rescorer.loss.records is not None and kwargs.get("training", True)
+            if training:
+                rescorer.pending.append((len(rescorer.loss.records), model, inputs, kwargs))
+                rescorer.update[len(rescorer.loss.records)] = rescorer.step
+            out = rescorer.compute(model, inputs, **kwargs)
+            if training and isolated is not None:
+                measure(model, inputs, len(rescorer.loss.records) - 1)
+            return out
+
+        class Callback(TrainerCallback):
+            def on_step_end(self, args, state, control, **kwargs):
+                rescorer.rescore()
+
+        trainer.loss.compute = compute
+        trainer.add_callback(Callback())
+
+    def rescore(self):
+        import torch
+
+        records = self.loss.records
+        for index, model, inputs, kwargs in self.pending:
+            self.loss.records = scratch = []
+            try:
+                with torch.no_grad():
+                    self.compute(model, inputs, **kwargs)
+            finally:
+                self.loss.records = records
+            self.after[index] = scratch[0]["div"]
+        self.pending = []
+        self.step += 1
+
+
+def token_table(records, rescored, updates, vocab_size, isolated=None):
+    """One tensor per quantity over every recorded token of a run: the trainer's records, both tail estimators of
+    ``g`` rebuilt from the same truncated view, the re-scored ``D``, the update index of the token's step and, when
+    given, the isolated ΔD (NaN where not measured)."""
+    import torch
+
+    columns = {name: [] for name in ("div", "div_after", "g_agg", "g_uni", "direction", "log_ratio", "advantages",
+                                     "keep", "step", "mu_tail", "isolated_delta")}
+    for i, (record, after, step) in enumerate(zip(records, rescored, updates)):
+        g_agg, g_uni, mu_tail = record_directions(record, vocab_size)
+        columns["g_agg"].append(g_agg)
+        columns["g_uni"].append(g_uni)
+        columns["mu_tail"].append(mu_tail)
+        columns["div_after"].append(after)
+        columns["step"].append(torch.full_like(record["div"], step, dtype=torch.long))
+        columns["isolated_delta"].append(isolated[i] if isolated is not None
+                                         else torch.full(record["div"].shape, float("nan"), dtype=torch.float64))
+        for name in ("div", "direction", "log_ratio", "advantages", "keep"):
+            columns[name].append(record[name])
+    return {name: torch.cat(values) for name, values in columns.items()}
+
+
+QUANTILES = (0.5, 0.9, 0.95, 0.99, 0.999)
+DELTA_GRID = (0.005, 0.01, 0.02, 0.03, 0.05, 0.1, 0.15, 0.2)
+
+
+def divergence_profile(tokens, updates_per_rollout) -> dict:
+    """The distribution of the mask's per-token ``D`` by update index within a rollout batch (0 = first update), and
+    the ``δ`` whose region is as large as clip-higher's ratio window: the share of tokens with ``D > δ`` equals the share
+    with ``r`` outside ``[0.8, 1.28]`` (same tokens, off-policy updates); ``off_policy_share_above``: the share of
+    off-policy tokens with ``D > δ`` on a grid of δ (δ as a quantile of D is one minus it)."""
+    import torch
+
+    from dllm_trl.losses.divergence_masks import ppo_proximity
+
+    div = tokens["div"].double()
+    index = tokens["step"] % updates_per_rollout
+    profile = {}
+    for u in range(updates_per_rollout):
+        d = div[index == u]
+        if d.numel():
+            q = torch.quantile(d, torch.tensor(QUANTILES, dtype=d.dtype)).tolist()
+            profile[str(u)] = dict(tokens=d.numel(), mean=float(d.mean()), max=float(d.max()),
+                                   **{f"q{100 * p:g}": v for p, v in zip(QUANTILES, q)})
+    off = index != 0
+    d = div[off]
+    outside_clip = ppo_proximity(tokens["log_ratio"][off], 0.2, 0.28)
+    share = float(outside_clip.double().mean()) if d.numel() else None
+    matched = float(torch.quantile(d, 1.0 - share)) if d.numel() and share else None
+    above = {f"{delta:g}": float((d > delta).double().mean()) for delta in DELTA_GRID} if d.numel() else {}
+    return dict(by_update=profile, clip_outside_share=share, clip_matched_delta=matched, off_policy_share_above=above,
+                mu_tail_mean=float(tokens["mu_tail"].double().mean()))
+
+# ----------------------------------------------------------------------------------- rollout mismatch (issue 24)
+def fake_quantise(weight, kind: str):
+    """``weight`` rounded to a low-precision grid with one per-tensor scale (absmax → the format's largest value) and
+    scaled back: ``fp8_e4m3`` / ``fp8_e5m2`` (torch's float8 casts, round to nearest) or symmetric ``int8``."""
+    import torch
+
+    if kind == "int8":
+        scale = weight.abs().max().clamp(min=1e-12) / 127.0
+        return (weight / scale).round().clamp(-127, 127) * scale
+    dtype = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}[kind]
+    scale = weight.abs().max().clamp(min=1e-12) / torch.finfo(dtype).max
+    return (weight / scale).to(dtype).to(weight.dtype) * scale
+
+
+@contextlib.contextmanager
+def quantised_rollout_weights(model, kind: str):
+    """Within the context the weights of every ``nn.Linear`` but the LM head are fake-quantised (as an FP8 rollout
+    engine serves them); the full-precision weights come back on exit. Yields how many tensors it rounded."""
+    import torch
+
+    saved = []
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if isinstance(module, torch.nn.Linear) and name.split(".")[-1] != "lm_head":
+                saved.append((module.weight, module.weight.detach().clone()))
+                module.weight.copy_(fake_quantise(module.weight, kind))
+    try:
+        yield len(saved)
+    finally:
+        with torch.no_grad():
+            for weight, original in saved:
+                weight.copy_(original)
+
+
+def install_rollout_quantisation(trainer, kind: str) -> None:
+    """Generate every rollout of a causal trainer (TRL's or ``DPPOMaskTrainer``) with fake-quantised weights. The
+    behaviour capture then records the quantised model's distribution, so ``μ ≠ π_old``; the old-policy pass, the
+    loss and the evaluation run in full precision."""
+    generate = trainer._generate_single_turn
+
+    def quantised(*args, **kwargs):
+        with quantised_rollout_weights(trainer.model, kind) as rounded:
+            if not rounded:
+                raise RuntimeError("no nn.Linear weights to quantise in the rollout model")
+            return generate(*args, **kwargs)
+
+    trainer._generate_single_turn = quantised
+
 # ------------------------------------------------------------------------------------------------------- runs
 def load_model(model_kind):
     from dllm_trl.toy import load_sudoku, load_sudoku_causal
@@ -171,6 +510,37 @@ def solve_rate(model_kind, model, tokenizer, eval_size) -> float:
     return result["accuracy"]
 
 
+def sampled_solve_rate(model_kind, model, tokenizer, eval_size, samples, seed=1234) -> float:
+    """avg@N: ``samples`` temperature-1 completions per held-out puzzle (no top-k / top-p; the diffusion toy with its
+    Sudoku sampler at temperature 1), the share solved over all of them; the sampling RNG is forked and seeded."""
+    import torch
+
+    from dllm_trl.evaluation.tasks import score_completions
+    from dllm_trl.generation import decode_prompts
+    from dllm_trl.toy import SUDOKU_GEN_LENGTH, sudoku_dataset, sudoku_generation_config, sudoku_reward
+
+    held_out = sudoku_dataset("test", size=eval_size)
+    prompts = [prompt for prompt in held_out["prompt"] for _ in range(samples)]
+
+    def generate(input_ids, attention_mask):
+        out = model.generate(input_ids=input_ids, attention_mask=attention_mask, do_sample=True, temperature=1.0,
+                             top_k=0, top_p=1.0, max_new_tokens=SUDOKU_GEN_LENGTH,
+                             eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+        new = out[:, input_ids.shape[1]:]
+        is_eos = (new == tokenizer.eos_token_id).long()
+        return new, (is_eos.cumsum(1) - is_eos) == 0, new.shape[1]
+
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        if model_kind == "causal":
+            decoded = decode_prompts(model, tokenizer, prompts, batch_size=len(prompts), generate=generate)
+        else:
+            decoded = decode_prompts(model, tokenizer, prompts, sudoku_generation_config(temperature=1.0),
+                                     batch_size=len(prompts))
+    rewards = score_completions(sudoku_reward, decoded.completions, held_out, num_samples=samples)
+    return sum(r >= 1.0 for r in rewards) / max(len(rewards), 1)
+
+
 def make_trainer(model_kind, method, seed, args, output_dir):
     """The trainer of one run; every method shares the settings below and differs only in its loss."""
     from trl import GRPOConfig, GRPOTrainer
@@ -182,9 +552,15 @@ def make_trainer(model_kind, method, seed, args, output_dir):
     kind = settings.pop("kind")
     if kind == "mask":
         settings.update(divergence_threshold=args.delta, divergence_top_k=args.top_k, model_kind=model_kind)
+    batch = args.num_generations * args.prompts_per_step
+    if batch % args.minibatches:
+        raise ValueError(f"--minibatches {args.minibatches} does not divide the rollout batch of {batch}")
+    minibatch = dict(steps_per_generation=args.minibatches) if args.minibatches > 1 else {}
+    if minibatch and model_kind != "causal":
+        raise ValueError("--minibatches applies to the causal toy")
     common = dict(
         temperature=1.0, num_generations=args.num_generations,
-        per_device_train_batch_size=args.num_generations * args.prompts_per_step,
+        per_device_train_batch_size=batch // args.minibatches, **minibatch,
         max_completion_length=SUDOKU_GEN_LENGTH,
         beta=0.0, learning_rate=args.learning_rate, lr_scheduler_type="constant", max_steps=args.steps,
         num_iterations=args.num_iterations, seed=seed, logging_steps=1, save_strategy="no", report_to="none",
@@ -199,8 +575,10 @@ def make_trainer(model_kind, method, seed, args, output_dir):
         config = DPPOMaskConfig(output_dir=output_dir, **common, **settings)
         return DPPOMaskTrainer(model=model, args=config, **data), tokenizer
     if kind == "clip":
-        return RLDFTrainer(model=model, args=sudoku_rldf_config(output_dir, **common, **settings), **data), tokenizer
-    config = sudoku_rldf_config(output_dir, config_class=DPPOMaskConfig, **common, **settings)
+        return RLDFTrainer(model=model, args=sudoku_rldf_config(output_dir, **common, **settings,
+                                                                cache_mode=args.cache_mode), **data), tokenizer
+    config = sudoku_rldf_config(output_dir, config_class=DPPOMaskConfig, **common, **settings,
+                                cache_mode=args.cache_mode)
     return DPPOMaskTrainer(model=model, args=config, **data), tokenizer
 
 
@@ -209,26 +587,38 @@ def run_one(model_kind, method, seed, args) -> dict:
     from transformers.trainer_callback import PrinterCallback
 
     torch.set_num_threads(args.threads)
+    if model_kind != "causal" and args.rollout_quant != "none":
+        raise ValueError("--rollout-quant applies to the causal toy (the diffusion rollout has its own cache mismatch)")
+    updates_per_rollout = args.num_iterations * args.minibatches
     with tempfile.TemporaryDirectory() as output_dir:
         trainer, tokenizer = make_trainer(model_kind, method, seed, args, output_dir)
         trainer.remove_callback(PrinterCallback)  # disable_tqdm swaps the progress bar for a log printer
         masks = METHODS[method]["kind"] == "mask"
+        if args.rollout_quant != "none":
+            install_rollout_quantisation(trainer, args.rollout_quant)
+        rescorer = None
         if masks:
             trainer.loss.records = []  # the trainer keeps the per-token mask tensors of every loss call here
+            if model_kind == "causal":
+                rescorer = Rescorer(trainer, isolated=None if args.isolated_sample < 0 else args.isolated_sample,
+                                    seed=seed)
         start = time.perf_counter()
         trainer.train()
         train_seconds = time.perf_counter() - start
     start = time.perf_counter()
     after = solve_rate(model_kind, trainer.model, tokenizer, args.eval_size)
+    sampled = (sampled_solve_rate(model_kind, trainer.model, tokenizer, args.eval_size, args.eval_samples)
+               if args.eval_samples else None)
     eval_seconds = time.perf_counter() - start
     logs = [entry for entry in trainer.state.log_history if "loss" in entry]  # one per optimizer step
     masked_key = "dppo/masked_frac" if masks else "clip_ratio/region_mean"
     masked = [entry.get(masked_key) for entry in logs]
-    # Optimizer step i (0-based) is update (i mod num_iterations) of its rollout batch: 0 is on-policy.
-    off_policy = [m for i, m in enumerate(masked) if i % args.num_iterations and m is not None]
+    # Optimizer step i (0-based) is update (i mod updates_per_rollout) of its rollout batch: 0 is on-policy (up to
+    # the rollout mismatch).
+    off_policy = [m for i, m in enumerate(masked) if i % updates_per_rollout and m is not None]
     result = dict(
         model=model_kind, method=method, seed=seed, steps=len(logs),
-        solve_rate=after,
+        solve_rate=after, sampled_solve_rate=sampled,
         rewards=[entry["reward"] for entry in logs if "reward" in entry],  # one per rollout batch
         rollout_steps=[i for i, entry in enumerate(logs) if "reward" in entry],
         masked_frac_per_step=masked,
@@ -237,9 +627,34 @@ def run_one(model_kind, method, seed, args) -> dict:
         train_seconds=train_seconds, eval_seconds=eval_seconds,
     )
     if masks:
-        result.update(record_metrics(trainer.loss.records, trainer.args))
+        records = trainer.loss.records
+        result.update(record_metrics(records, trainer.args))
         result["mu_from_rollout"] = statistics.fmean(e["dppo/mu_from_rollout"] for e in logs
                                                      if "dppo/mu_from_rollout" in e)
+    if rescorer is not None:
+        if sorted(rescorer.after) != list(range(len(records))):
+            raise RuntimeError("the re-scoring missed loss calls: the trainer's step structure is not the expected one")
+        tokens = token_table(records, [rescorer.after[i] for i in range(len(records))],
+                             [rescorer.update[i] for i in range(len(records))], trainer.loss.vocab_size,
+                             [rescorer.isolated_delta[i] for i in range(len(records))] if rescorer.isolated_delta
+                             else None)
+        own = tokens["g_agg" if trainer.args.tail_estimator == "aggregated" else "g_uni"]
+        result["direction_rebuild_error"] = float((own - tokens["direction"]).abs().max())
+        thresholds = dict(delta=trainer.args.divergence_threshold, delta_low=trainer.args.divergence_threshold_low,
+                          delta_high=trainer.args.divergence_threshold_high)
+        quantities = [tokens[name] for name in ("div", "div_after", "g_agg", "g_uni", "log_ratio", "advantages")]
+        off = tokens["step"] % updates_per_rollout != 0
+        result["direction_agreement"] = dict(
+            all=direction_agreement(*quantities, **thresholds),
+            kept=direction_agreement(*quantities, **thresholds, subset=tokens["keep"]),
+            off_policy=direction_agreement(*quantities, **thresholds, subset=off),
+        )
+        if rescorer.isolated_delta:
+            measured = ~tokens["isolated_delta"].isnan()
+            isolated = [tokens["div"], tokens["div"].double() + tokens["isolated_delta"], *quantities[2:]]
+            result["direction_agreement"]["isolated"] = direction_agreement(*isolated, **thresholds, subset=measured)
+            result["isolated_check"] = rescorer.isolated_check
+        result["divergence_profile"] = divergence_profile(tokens, updates_per_rollout)
     return result
 
 
@@ -260,20 +675,44 @@ def _fmt(mean_std, digits=3, percent=False, signed=False):
     return f"{mean:{'+' if signed else ''}.{digits}f} ± {std:.{digits}f}"
 
 
-def collapsed(run, baseline) -> bool:
-    """Collapse: the final greedy solve rate fell below half of the starting checkpoint's."""
-    return run["solve_rate"] < 0.5 * baseline
+def trailing_rewards(rewards, window=3):
+    return [statistics.fmean(rewards[max(0, j - window + 1): j + 1]) for j in range(len(rewards))]
 
 
-def summarise(runs, baseline):
+def collapsed(run, fraction) -> bool:
+    """Collapse on the training reward: the trailing mean of the last 3 rollout rewards ends below ``fraction`` × the
+    first rollout's reward (the first rollout is on the starting checkpoint, shared by every method at a seed). A run
+    whose trailing mean dips below the line but recovers by the end does not count."""
+    return trailing_rewards(run["rewards"])[-1] < fraction * run["rewards"][0]
+
+
+def pooled_agreement(runs, part="all") -> dict | None:
+    """Direction-agreement counts summed over runs (``part``: ``all``, ``kept`` or ``off_policy`` tokens)."""
+    parts = [r["direction_agreement"][part] for r in runs if part in r.get("direction_agreement", {})]
+    if not parts:
+        return None
+    return {key: sum(p[key] for p in parts) for key in parts[0]}
+
+
+def _rate(k, n):
+    """``k/n (p%, 95% Wilson [lo, hi])``."""
+    interval = wilson_interval(k, n)
+    if interval is None:
+        return f"0/0"
+    return f"{k}/{n} = {100 * k / n:.1f}% [{100 * interval[0]:.1f}, {100 * interval[1]:.1f}]"
+
+
+def summarise(runs, baseline, fraction=0.5):
     pooled_out = sum(r.get("outside_tokens", 0) for r in runs)
     pooled_dis = sum(r.get("direction_disagree_tokens", 0) for r in runs)
     masks = any("outside_tokens" in r for r in runs)
     return dict(
         seeds=[r["seed"] for r in runs],
         solve_rate=_mean_std([r["solve_rate"] for r in runs]),
+        sampled=_mean_std([r.get("sampled_solve_rate") for r in runs]),
         per_seed=[r["solve_rate"] for r in runs],
-        collapses=sum(collapsed(r, baseline) for r in runs),
+        per_seed_sampled=[r.get("sampled_solve_rate") for r in runs],
+        collapses=sum(collapsed(r, fraction) for r in runs),
         masked=_mean_std([r["masked_frac"] for r in runs]),
         masked_off=_mean_std([r["masked_frac_off_policy"] for r in runs]),
         outside=_mean_std([r.get("outside_frac") for r in runs]),
@@ -286,27 +725,104 @@ def summarise(runs, baseline):
     )
 
 
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+         2.120, 2.110, 2.101, 2.093, 2.086)
+"""Two-sided 95% quantiles of Student's t for 1–20 degrees of freedom (1.96 beyond)."""
+
+
+def _paired(rows, runs, reference, key):
+    """Paired per-seed differences to ``reference``: mean ± std [95% t-interval of the mean]."""
+    if not rows or rows[0]["method"] == reference:
+        return "—"
+    ref = {r["seed"]: r.get(key) for r in runs if r["method"] == reference}
+    deltas = [r[key] - ref[r["seed"]] for r in rows if ref.get(r["seed"]) is not None and r.get(key) is not None]
+    if not deltas:
+        return "—"
+    mean, std = _mean_std(deltas)
+    if len(deltas) < 2:
+        return _fmt((mean, std), signed=True)
+    half = (T_975[len(deltas) - 2] if len(deltas) - 1 <= len(T_975) else 1.96) * std / len(deltas) ** 0.5
+    return f"{_fmt((mean, std), signed=True)} [{mean - half:+.3f}, {mean + half:+.3f}]"
+
+
 HEADER = (
-    "| method | seeds | final solve rate | per seed | Δ vs DPPO top-K KL (paired) | collapses "
-    "| masked tokens (all steps) | masked tokens (off-policy steps) | tokens with D > δ | disagreement (of D > δ) "
-    "| reward, first rollout | reward, last quarter | s / run |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    "| method | seeds | greedy solve rate | avg@{n} | per seed (greedy / avg@{n}) | Δ avg@{n} vs DPPO (paired) "
+    "| Δ avg@{n} vs clip-higher (paired) | Δ greedy vs DPPO (paired) | collapses (training reward) "
+    "| reward, first rollout | reward, last quarter | masked tokens (off-policy steps) | tokens with D > δ "
+    "| s / run |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
+DIRECTION_HEADER = (
+    "| method | tokens | realised ΔD > 0 | ratio sign right | predictive (agg.) right | predictive (uni.) right "
+    "| agg. ≠ ratio | agg. right where they differ | ΔD > 0 where agg. differs | uni. ≠ ratio "
+    "| uni. right where they differ | ΔD > 0 where uni. differs |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def direction_lines(runs, part="all") -> list[str]:
+    """The direction-agreement table of one model's runs, pooled over seeds per method and over all methods."""
+    lines = [DIRECTION_HEADER]
+    groups = [(LABELS[m], [r for r in runs if r["method"] == m]) for m in METHODS]
+    groups.append(("all mask runs", runs))
+    for label, rows in groups:
+        c = pooled_agreement(rows, part)
+        if c is None:
+            continue
+        n = c["tokens"]
+        cells = [str(n), _rate(c["realised_up"], n), _rate(c["ratio_right"], n), _rate(c["agg_right"], n),
+                 _rate(c["uni_right"], n), _rate(c["agg_disagree"], n),
+                 _rate(c["agg_right_on_disagree"], c["agg_disagree"]), _rate(c["agg_up_on_disagree"], c["agg_disagree"]),
+                 _rate(c["uni_disagree"], n), _rate(c["uni_right_on_disagree"], c["uni_disagree"]),
+                 _rate(c["uni_up_on_disagree"], c["uni_disagree"])]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def profile_lines(runs) -> list[str]:
+    """The distribution of D by update index (median over runs of each run's quantile) and the clip-matched δ."""
+    profiles = [r["divergence_profile"] for r in runs if "divergence_profile" in r]
+    if not profiles:
+        return []
+    keys = ["mean"] + [f"q{100 * p:g}" for p in QUANTILES] + ["max"]
+    lines = ["| update of the rollout batch | tokens / run | " + " | ".join(keys) + " |",
+             "|---|---|" + "---|" * len(keys)]
+    updates = sorted({u for p in profiles for u in p["by_update"]}, key=int)
+    for u in updates:
+        rows = [p["by_update"][u] for p in profiles if u in p["by_update"]]
+        cells = [f"{statistics.median(row[k] for row in rows):.4f}" for k in keys]
+        lines.append(f"| {int(u) + 1} | {statistics.median(row['tokens'] for row in rows):.0f} | "
+                     + " | ".join(cells) + " |")
+    matched = [p["clip_matched_delta"] for p in profiles if p["clip_matched_delta"] is not None]
+    share = [p["clip_outside_share"] for p in profiles if p["clip_outside_share"] is not None]
+    tail = [p["mu_tail_mean"] for p in profiles]
+    grid = [p.get("off_policy_share_above") for p in profiles if p.get("off_policy_share_above")]
+    lines += ["", f"Off-policy updates: share of tokens outside clip-higher's ratio window [0.8, 1.28]: median "
+              f"{100 * statistics.median(share):.2f}% over {len(share)} runs; the δ with the same share of D > δ "
+              f"(clip-matched δ): median {statistics.median(matched):.4f} nats (range {min(matched):.4f}–"
+              f"{max(matched):.4f}). Mean behaviour tail mass outside the top-K: {statistics.median(tail):.4f}."]
+    if grid:
+        lines += ["", "| δ (nats) | " + " | ".join(grid[0]) + " |", "|---|" + "---|" * len(grid[0]),
+                  "| quantile of off-policy D (median over runs) | "
+                  + " | ".join(f"{1 - statistics.median(g[k] for g in grid):.3f}" for k in grid[0]) + " |"]
+    return lines
 
 
 def markdown(store, args) -> str:
     setup = store["setup"]
+    fraction = args.collapse_fraction
+    n = setup.get("eval_samples", 0)
+    quant = setup.get("rollout_quant", "none")
     intro = (
         f"{setup['steps']} optimizer steps per run, {setup['prompts_per_step']} puzzles × {setup['num_generations']} "
-        f"generations per rollout, each rollout reused for num_iterations = {setup['num_iterations']} steps, lr "
-        f"{setup['learning_rate']:g} constant, β 0, δ = {setup['delta']:g} (top-K KL, K = {setup['top_k']}). Solve "
-        f"rate: greedy, first {setup['eval_size']} puzzles of the test split; mean ± sample std over seeds. "
-        "Collapse: final solve rate < ½ × the start. Masked tokens: mean over steps of the share of loss tokens the "
-        "trust region drops (clipped surrogates: TRL's clip_ratio/region_mean, the same proximity-and-direction "
-        "test). Δ vs DPPO top-K KL: per-seed difference of the final solve rate to the DPPO run of the same seed (same "
-        "first rollout), mean ± std. Disagreement: among tokens with D > δ, the share on which the predictive and the "
-        "ratio direction point differently, sign(g) ≠ sign(r − 1) (mean over seeds of the per-run share; pooled counts over all runs "
-        "in brackets). Reward: mean partial-credit reward of the temperature-1 rollouts, of the first rollout and of "
-        "the last quarter of them."
+        f"generations per rollout, each rollout reused for num_iterations = {setup['num_iterations']} passes"
+        f"{' in ' + str(setup['minibatches']) + ' minibatches' if setup.get('minibatches', 1) > 1 else ''}, lr "
+        f"{setup['learning_rate']:g} constant, β 0, δ = {setup['delta']:g} nats (top-K KL, K = {setup['top_k']}); "
+        f"rollout weights: {'full precision' if quant == 'none' else quant + ' fake-quantised (μ ≠ π_old)'}"
+        f"{'; diffusion rollout cache: ' + setup['cache_mode'] if 'cache_mode' in setup else ''}. "
+        f"Greedy solve rate and avg@{n} ({n} temperature-1 samples per puzzle): first {setup['eval_size']} puzzles of "
+        "the test split; mean ± sample std over seeds. Collapse: the training reward (trailing mean of 3 rollouts) "
+        f"ends below {fraction:g} × the first rollout's. Δ (paired): per-seed difference to the run of the reference "
+        "method at the same seed (same first rollout), mean ± std [95% t-interval of the mean]. Masked tokens: mean over off-policy steps of the "
+        "share of loss tokens the trust region drops (clipped surrogates: TRL's clip_ratio/region_mean)."
     )
     lines = [intro, ""]
     for model_kind in MODELS:
@@ -314,31 +830,48 @@ def markdown(store, args) -> str:
         if not runs:
             continue
         baseline = store["baseline"][model_kind]
-        lines += [f"### {model_kind} toy (start: solve rate {baseline:.2f})", "", HEADER]
+        start_sampled = store.get("baseline_sampled", {}).get(model_kind)
+        start = f"greedy {baseline:.2f}" + (f", avg@{n} {start_sampled:.3f}" if start_sampled is not None else "")
+        lines += [f"### {model_kind} toy (start: {start})", "", HEADER.format(n=n)]
         for method in METHODS:
             rows = [r for r in runs if r["method"] == method]
             if not rows:
                 continue
-            s = summarise(rows, baseline)
-            per_seed = ", ".join(f"{a:.2f}" for a in s["per_seed"])
-            reference = {r["seed"]: r["solve_rate"] for r in runs if r["method"] == "dppo_topk_kl"}
-            deltas = [r["solve_rate"] - reference[r["seed"]] for r in rows if r["seed"] in reference]
-            paired = "—" if method == "dppo_topk_kl" or not deltas else _fmt(_mean_std(deltas), signed=True)
-            disagree = _fmt(s["disagree"], 1, percent=True)
-            if s["pooled_counts"] is not None:
-                dis, out = s["pooled_counts"]
-                disagree += f" ({dis}/{out})"
+            s = summarise(rows, baseline, fraction)
+            per_seed = ", ".join(f"{a:.2f}/{'—' if b is None else f'{b:.3f}'}"
+                                 for a, b in zip(s["per_seed"], s["per_seed_sampled"]))
             lines.append(
-                f"| {LABELS[method]} | {len(rows)} | {_fmt(s['solve_rate'])} | [{per_seed}] | {paired} | "
-                f"{s['collapses']}/{len(rows)} | {_fmt(s['masked'], 2, True)} | {_fmt(s['masked_off'], 2, True)} | "
-                f"{_fmt(s['outside'], 2, True)} | {disagree} | {_fmt(s['reward_first'])} | {_fmt(s['reward_tail'])} | "
-                f"{s['seconds'][0]:.0f} |"
+                f"| {LABELS[method]} | {len(rows)} | {_fmt(s['solve_rate'])} | {_fmt(s['sampled'])} | [{per_seed}] | "
+                f"{_paired(rows, runs, 'dppo_topk_kl', 'sampled_solve_rate')} | "
+                f"{_paired(rows, runs, 'grpo_clip_higher', 'sampled_solve_rate')} | "
+                f"{_paired(rows, runs, 'dppo_topk_kl', 'solve_rate')} | {s['collapses']}/{len(rows)} | "
+                f"{_fmt(s['reward_first'])} | {_fmt(s['reward_tail'])} | {_fmt(s['masked_off'], 2, True)} | "
+                f"{_fmt(s['outside'], 2, True)} | {s['seconds'][0]:.0f} |"
             )
         lines.append("")
+        mask_runs = [r for r in runs if "direction_agreement" in r]
+        if mask_runs:
+            lines += ["Direction agreement on the tokens outside the region with A ≠ 0, pooled over seeds: the sign of "
+                      "ΔD each criterion predicts for the token's own update against the realised sign of "
+                      "D(after the optimizer step) − D(before), same behaviour view; k/n = share [95% Wilson "
+                      "interval].", ""]
+            lines += direction_lines(mask_runs, "all")
+            lines += ["", "The same on the off-policy updates only (2nd and later update of a rollout batch):", ""]
+            lines += direction_lines(mask_runs, "off_policy")
+            if pooled_agreement(mask_runs, "isolated") is not None:
+                lines += ["", "Isolated first-order check: ΔD when the parameters move a short step (length "
+                          f"{ISOLATED_STEP:g}) along the token's own update direction only, from the policy before the "
+                          "update. Measured on every out-of-region token where a predictive sign differs from the "
+                          f"ratio sign, plus {setup.get('isolated_sample')} random agreeing ones per update, so only "
+                          "the 'where they differ' columns are the full population:", ""]
+                lines += direction_lines(mask_runs, "isolated")
+            lines += ["", "Per-token D of the mask runs (nats), by update index within a rollout batch:", ""]
+            lines += profile_lines(mask_runs)
+            lines.append("")
     return "\n".join(lines)
 
 
-def plot(store, path):
+def plot(store, path, fraction=0.5):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -367,7 +900,8 @@ def plot(store, path):
         row[0].set(title=f"{model_kind}: rollout reward (seed mean, trailing mean of 3)",
                    xlabel="optimizer step of the rollout", ylabel="mean partial-credit reward")
         row[1].axhline(baseline, color="r", ls="--", lw=1, label="start")
-        row[1].axhline(0.5 * baseline, color="r", ls=":", lw=1, label="collapse line (½ start)")
+        first = statistics.fmean(r["rewards"][0] for r in runs)
+        row[0].axhline(fraction * first, color="r", ls=":", lw=1, label=f"collapse line ({fraction:g} × first, mean)")
         row[1].set_xticks(range(len(present)), [LABELS[m] for m in present], rotation=25, ha="right", fontsize=7)
         row[1].set(title=f"{model_kind}: final greedy solve rate (dots = seeds)", ylabel="solve rate")
         row[2].set(title=f"{model_kind}: share of loss tokens masked / clipped (seed mean)",
@@ -381,8 +915,38 @@ def plot(store, path):
     plt.close(fig)
 
 
+def direction_report(paths) -> str:
+    """The direction-agreement tables pooled over the causal mask runs of several study JSON files."""
+    sections = []
+    runs = []
+    for path in paths:
+        store = json.loads(Path(path).read_text())
+        setup = store["setup"]
+        chosen = [r for r in store["runs"] if "direction_agreement" in r]
+        runs += chosen
+        sections.append(f"* `{Path(path).name}`: δ = {setup['delta']:g}, K = {setup['top_k']}, rollout "
+                        f"{setup.get('rollout_quant', 'none')}, num_iterations {setup['num_iterations']}, minibatches "
+                        f"{setup.get('minibatches', 1)}; {len(chosen)} mask runs")
+    lines = ["Pooled over:", "", *sections, "", "All out-of-region tokens with A ≠ 0 (realised = re-scored after the "
+             "optimizer step; k/n = share [95% Wilson interval]):", "", *direction_lines(runs, "all")]
+    if pooled_agreement(runs, "isolated") is not None:
+        lines += ["", f"Isolated first-order check (a step of length {ISOLATED_STEP:g} along the token's own update "
+                  "direction; every disagreeing token, plus a sample of agreeing ones, so only the 'where they differ' "
+                  "columns are the full population):", "", *direction_lines(runs, "isolated")]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None):
     args = parse_args(argv)
+    if args.analysis == "direction":
+        if not args.inputs:
+            raise SystemExit("--analysis direction needs --inputs (study JSON files)")
+        report = direction_report(args.inputs)
+        out = Path(args.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"{args.name}_direction.md").write_text(report)
+        print(report)
+        return report
     import torch
 
     torch.set_num_threads(args.threads)
@@ -392,17 +956,23 @@ def main(argv=None):
     store = {} if args.fresh or not results_path.is_file() else json.loads(results_path.read_text())
     setup = dict(steps=args.steps, num_iterations=args.num_iterations, learning_rate=args.learning_rate,
                  num_generations=args.num_generations, prompts_per_step=args.prompts_per_step, delta=args.delta,
-                 top_k=args.top_k, eval_size=args.eval_size)
+                 top_k=args.top_k, eval_size=args.eval_size, eval_samples=args.eval_samples,
+                 rollout_quant=args.rollout_quant, minibatches=args.minibatches, isolated_sample=args.isolated_sample)
+    if "diffusion" in args.models:
+        setup["cache_mode"] = args.cache_mode
     if args.report_only:
         if not store.get("runs"):
             raise SystemExit(f"no runs in {results_path} to report")
     elif store.get("setup") != setup:
-        store = {"setup": setup, "baseline": {}, "runs": []}
+        store = {"setup": setup, "baseline": {}, "baseline_sampled": {}, "runs": []}
     start = time.perf_counter()
     for model_kind in args.models:
         if model_kind not in store["baseline"] and not args.report_only:
             model, tokenizer = load_model(model_kind)
             store["baseline"][model_kind] = solve_rate(model_kind, model, tokenizer, args.eval_size)
+            if args.eval_samples:
+                store.setdefault("baseline_sampled", {})[model_kind] = sampled_solve_rate(
+                    model_kind, model, tokenizer, args.eval_size, args.eval_samples)
             results_path.write_text(json.dumps(store, indent=1) + "\n")
     done = {(r["model"], r["method"], r["seed"]) for r in store["runs"]}
     todo = [(m, method, seed) for m in args.models for method in args.methods for seed in args.seeds
@@ -415,8 +985,10 @@ def main(argv=None):
         store["runs"].append(result)
         results_path.write_text(json.dumps(store, indent=1) + "\n")
         masked = result["masked_frac"]
+        sampled = result["sampled_solve_rate"]
         print(f"[{n}/{len(todo)}] {model_kind:9s} {method:16s} seed {seed}: solve rate "
-              f"{store['baseline'][model_kind]:.2f} -> {result['solve_rate']:.2f}, masked "
+              f"{store['baseline'][model_kind]:.2f} -> {result['solve_rate']:.2f}"
+              f"{'' if sampled is None else f' (avg@{args.eval_samples} {sampled:.3f})'}, masked "
               f"{'—' if masked is None else f'{100 * masked:.2f}%'}, {result['train_seconds']:.0f}+"
               f"{result['eval_seconds']:.0f} s ({time.perf_counter() - start:.0f} s so far)", flush=True)
     if todo:
@@ -425,7 +997,7 @@ def main(argv=None):
     table = markdown(store, args)
     (out / f"{args.name}_table.md").write_text(table)
     if store["runs"]:
-        plot(store, out / f"{args.name}.png")
+        plot(store, out / f"{args.name}.png", args.collapse_fraction)
     print("\n" + table)
     print(f"wrote {results_path}, {out / (args.name + '_table.md')}, {out / (args.name + '.png')}")
     return store

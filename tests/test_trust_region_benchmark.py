@@ -1,5 +1,6 @@
-"""benchmarks/trust_region.py: its direction-disagreement helper against a brute-force reference, and its quick mode
-end to end on the causal Sudoku toy."""
+"""benchmarks/trust_region.py: its direction-disagreement and direction-agreement helpers against brute-force
+references, the Wilson interval, the fake-quantised rollout weights, the pooled direction analysis, and its quick
+mode end to end on the causal Sudoku toy (with and without the rollout mismatch) and on the diffusion toy."""
 
 from __future__ import annotations
 
@@ -59,10 +60,10 @@ def test_direction_disagreement_matches_brute_force(trust_region, delta_high):
 
 def test_quick_mode_writes_the_result_fields(trust_region, tmp_path):
     store = trust_region.main(["--quick", "--models", "causal", "--methods", "predictive_uni", "--eval-size", "50",
-                               "--output-dir", str(tmp_path)])
+                               "--rollout-quant", "none", "--top-k", "4", "--output-dir", str(tmp_path)])
     saved = json.loads((tmp_path / "trust_region_quick.json").read_text())
     assert saved["runs"] == json.loads(json.dumps(store["runs"]))
-    assert (tmp_path / "trust_region_quick_table.md").read_text().count("predictive, uniform tail") == 1
+    assert (tmp_path / "trust_region_quick_table.md").read_text().count("| predictive, uniform tail | 1 |") == 1
     assert (tmp_path / "trust_region_quick.png").stat().st_size > 0
     assert saved["setup"]["steps"] == 3 and saved["setup"]["num_iterations"] == 4 and saved["setup"]["eval_size"] == 50
     assert 0.0 < saved["baseline"]["causal"] <= 1.0
@@ -85,3 +86,187 @@ def test_quick_mode_writes_the_result_fields(trust_region, tmp_path):
     assert 0 <= run["kept_but_ratio_clipped_tokens"] <= run["tokens"] - run["masked_tokens"]
     assert 0 < run["kept_weight_mean"] <= run["kept_weight_max"] <= 20.0  # the importance weight is truncated at C
     assert run["train_seconds"] > 0 and run["eval_seconds"] > 0
+    # Issue 24: avg@8, the re-scored direction agreement and the D profile.
+    assert saved["setup"]["eval_samples"] == 8 and saved["setup"]["rollout_quant"] == "none"
+    assert 0.0 <= run["sampled_solve_rate"] <= 1.0 and 0.0 < saved["baseline_sampled"]["causal"] <= 1.0
+    assert run["direction_rebuild_error"] < 1e-5  # g rebuilt from the records = the trainer's own
+    for part in ("all", "kept", "off_policy"):
+        c = run["direction_agreement"][part]
+        assert 0 <= c["ratio_right"] <= c["tokens"] and 0 <= c["realised_up"] <= c["tokens"]
+        for tail in ("agg", "uni"):
+            assert c[f"{tail}_right_on_disagree"] + c[f"{tail}_tie_on_disagree"] <= c[f"{tail}_disagree"] <= c["tokens"]
+    assert run["direction_agreement"]["all"]["tokens"] <= run["outside_tokens"]
+    profile = run["divergence_profile"]
+    assert sorted(profile["by_update"]) == ["0", "1", "2"]
+    assert profile["by_update"]["0"]["max"] < 1e-3  # on-policy first update: μ is the training policy itself
+    assert profile["by_update"]["2"]["q99"] >= profile["by_update"]["2"]["q50"] >= 0.0
+    # The isolated first-order check measured every disagreeing out-of-region token, on a float64 copy that
+    # reproduces the trainer's D.
+    isolated = run["direction_agreement"]["isolated"]
+    assert isolated["agg_disagree"] == run["direction_agreement"]["all"]["agg_disagree"]
+    assert isolated["uni_disagree"] == run["direction_agreement"]["all"]["uni_disagree"]
+    assert isolated["tokens"] <= run["direction_agreement"]["all"]["tokens"]
+    assert run["isolated_check"] < 1e-4
+    shares = list(profile["off_policy_share_above"].values())
+    assert shares == sorted(shares, reverse=True) and all(0.0 <= v <= 1.0 for v in shares)
+
+
+def test_quick_mode_with_rollout_mismatch_and_minibatches(trust_region, tmp_path):
+    """Fake-FP8 rollout weights make μ differ from the training policy already at the first update."""
+    store = trust_region.main(["--quick", "--models", "causal", "--methods", "dppo_topk_kl", "--eval-size", "20",
+                               "--eval-samples", "2", "--rollout-quant", "fp8_e5m2", "--top-k", "2",
+                               "--minibatches", "2", "--output-dir", str(tmp_path)])
+    (run,) = store["runs"]
+    assert store["setup"]["rollout_quant"] == "fp8_e5m2" and store["setup"]["minibatches"] == 2
+    assert run["steps"] == 3 and run["rollout_steps"] == [0]
+    assert run["divergence_profile"]["by_update"]["0"]["max"] > 1e-3
+    assert run["divergence_profile"]["mu_tail_mean"] > 0  # K = 2 leaves behaviour mass outside the top-K
+    assert "Direction agreement" in (tmp_path / "trust_region_quick_table.md").read_text()
+
+
+def brute_force_agreement(div, div_after, g_agg, g_uni, log_ratio, advantages, delta, subset):
+    """Token by token: outside (D > δ) with A ≠ 0; each criterion predicts sign(A)·sign(its quantity) for ΔD."""
+    sign = lambda x: (x > 0) - (x < 0)
+    counts = dict(tokens=0, realised_up=0, ratio_right=0)
+    for tail in ("agg", "uni"):
+        counts.update({f"{tail}_right": 0, f"{tail}_disagree": 0, f"{tail}_right_on_disagree": 0,
+                       f"{tail}_tie_on_disagree": 0, f"{tail}_up_on_disagree": 0})
+    rows = zip(div.tolist(), div_after.tolist(), g_agg.tolist(), g_uni.tolist(), log_ratio.tolist(),
+               advantages.tolist(), subset)
+    for d, d_after, ga, gu, lr, a, chosen in rows:
+        if not (chosen and d > delta and a != 0):
+            continue
+        realised = sign(d_after - d)
+        ratio = sign(a) * sign(math.exp(lr) - 1.0)
+        counts["tokens"] += 1
+        counts["realised_up"] += realised > 0
+        counts["ratio_right"] += ratio == realised
+        for tail, g in (("agg", ga), ("uni", gu)):
+            predicted = sign(a) * sign(g)
+            counts[f"{tail}_right"] += predicted == realised
+            if predicted != ratio:
+                counts[f"{tail}_disagree"] += 1
+                counts[f"{tail}_right_on_disagree"] += predicted == realised
+                counts[f"{tail}_tie_on_disagree"] += realised == 0
+                counts[f"{tail}_up_on_disagree"] += realised > 0
+    return counts
+
+
+@pytest.mark.parametrize("use_subset", [False, True])
+def test_direction_agreement_matches_brute_force(trust_region, use_subset):
+    g = torch.Generator().manual_seed(1)
+    n = 3000
+    div = torch.rand(n, generator=g, dtype=torch.float64) * 0.3
+    div_after = div + torch.randn(n, generator=g, dtype=torch.float64) * 0.05
+    div_after[::11] = div[::11]  # ΔD = 0 exactly: right for no criterion
+    g_agg = torch.randn(n, generator=g, dtype=torch.float64)
+    g_uni = g_agg + torch.randn(n, generator=g, dtype=torch.float64) * 0.3  # mostly the same sign, not always
+    log_ratio = torch.where(torch.rand(n, generator=g) < 0.8, g_agg, -g_agg) * 0.4  # the ratio sign agrees on ~80%
+    advantages = torch.randn(n, generator=g, dtype=torch.float64)
+    advantages[::7] = 0.0
+    subset = torch.rand(n, generator=g) < 0.5 if use_subset else torch.ones(n, dtype=torch.bool)
+    counts = trust_region.direction_agreement(div, div_after, g_agg, g_uni, log_ratio, advantages, 0.1,
+                                              subset=subset if use_subset else None)
+    assert counts == brute_force_agreement(div, div_after, g_agg, g_uni, log_ratio, advantages, 0.1,
+                                           subset.tolist())
+    # The draw has tokens of every kind: disagreeing, right and wrong on the disagreeing subset, and ties.
+    for tail in ("agg", "uni"):
+        assert 0 < counts[f"{tail}_right_on_disagree"] < counts[f"{tail}_disagree"] < counts["tokens"]
+        assert counts[f"{tail}_tie_on_disagree"] > 0
+
+
+def test_direction_agreement_hand_built_case(trust_region):
+    """Four tokens outside δ = 0.1, one inside, one with A = 0; the predictive sign differs from the ratio's on three."""
+    t = lambda *v: torch.tensor(v, dtype=torch.float64)
+    div = t(0.2, 0.2, 0.2, 0.2, 0.05, 0.3)
+    div_after = t(0.3, 0.1, 0.25, 0.2, 0.5, 0.0)  # realised: up, down, up, tie, (inside), (A = 0)
+    log_ratio = t(0.1, 0.1, -0.1, 0.1, 0.1, 0.1)
+    g = t(1.0, -1.0, 1.0, -1.0, 1.0, 1.0)
+    advantages = t(1.0, 1.0, 1.0, -1.0, 1.0, 0.0)
+    counts = trust_region.direction_agreement(div, div_after, g, g, log_ratio, advantages, 0.1)
+    # ratio predicts up, up, down, down; predictive up, down, up, up: they differ on the last three, where the
+    # predictive sign is right twice and the fourth token's ΔD is a tie.
+    assert counts == dict(tokens=4, realised_up=2, ratio_right=1, agg_right=3, agg_disagree=3,
+                          agg_right_on_disagree=2, agg_tie_on_disagree=1, agg_up_on_disagree=1, uni_right=3,
+                          uni_disagree=3, uni_right_on_disagree=2, uni_tie_on_disagree=1, uni_up_on_disagree=1)
+
+
+def test_wilson_interval_known_values(trust_region):
+    low, high = trust_region.wilson_interval(8, 10)
+    assert (low, high) == (pytest.approx(0.4902, abs=1e-4), pytest.approx(0.9433, abs=1e-4))
+    low, high = trust_region.wilson_interval(0, 10)
+    assert low == 0.0 and high == pytest.approx(0.2775, abs=1e-4)
+    assert trust_region.wilson_interval(0, 0) is None
+
+
+@pytest.mark.parametrize("kind", ["fp8_e4m3", "fp8_e5m2", "int8"])
+def test_rollout_weights_are_rounded_then_restored(trust_region, kind):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
+    model.lm_head = torch.nn.Linear(8, 8)
+    original = {name: p.detach().clone() for name, p in model.named_parameters()}
+    with trust_region.quantised_rollout_weights(model, kind) as rounded:
+        assert rounded == 2  # the two hidden layers, not the LM head, not the biases
+        weight = model[0].weight.detach().clone()
+        assert not torch.equal(weight, original["0.weight"])
+        assert torch.equal(trust_region.fake_quantise(weight, kind), weight)  # on the grid already
+        relative = ((weight - original["0.weight"]).norm() / original["0.weight"].norm()).item()
+        assert 0 < relative < {"fp8_e4m3": 0.05, "fp8_e5m2": 0.1, "int8": 0.02}[kind]
+        assert torch.equal(model.lm_head.weight, original["lm_head.weight"])
+        assert torch.equal(model[0].bias, original["0.bias"])
+    for name, p in model.named_parameters():
+        assert torch.equal(p, original[name])
+
+
+def test_direction_analysis_pools_counts_over_files(trust_region, tmp_path):
+    """``--analysis direction`` sums the per-run counts of several study files, by method and over all mask runs."""
+    keys = ("tokens", "realised_up", "ratio_right", "agg_right", "uni_right", "agg_disagree", "agg_right_on_disagree",
+            "agg_tie_on_disagree", "agg_up_on_disagree", "uni_disagree", "uni_right_on_disagree",
+            "uni_tie_on_disagree", "uni_up_on_disagree")
+    counts = lambda *values: dict(zip(keys, values))
+    setup = dict(delta=0.05, top_k=2, rollout_quant="fp8_e5m2", num_iterations=4, minibatches=1)
+    first = dict(setup=setup, runs=[
+        dict(method="dppo_topk_kl", seed=0, direction_agreement={"all": counts(100, 80, 70, 71, 70, 4, 3, 0, 3, 2, 1, 0, 1)}),
+        dict(method="grpo_clip_higher", seed=0),  # no mask: left out
+    ])
+    second = dict(setup=dict(setup, delta=0.02), runs=[
+        dict(method="dppo_topk_kl", seed=1, direction_agreement={"all": counts(50, 40, 30, 30, 31, 6, 2, 1, 4, 3, 3, 0, 2)}),
+        dict(method="predictive_uni", seed=1, direction_agreement={"all": counts(10, 5, 5, 5, 5, 0, 0, 0, 0, 0, 0, 0, 0)}),
+    ])
+    paths = []
+    for name, store in (("a", first), ("b", second)):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(store))
+    report = trust_region.main(["--analysis", "direction", "--inputs", *map(str, paths), "--output-dir", str(tmp_path),
+                                "--name", "pooled"])
+    assert (tmp_path / "pooled_direction.md").read_text() == report
+    rows = {line.split(" | ")[0].strip("| "): line for line in report.splitlines() if line.startswith("| ")}
+    dppo = rows["DPPO top-K KL (ratio direction)"]
+    assert "| 150 |" in dppo and "100/150 = 66.7%" in dppo and "5/10 = 50.0%" in dppo  # ratio right; agg. on disagree
+    low, high = trust_region.wilson_interval(5, 10)
+    assert f"[{100 * low:.1f}, {100 * high:.1f}]" in dppo
+    assert "| 160 |" in rows["all mask runs"] and "GRPO" not in report
+    assert "2 mask runs" in report and "1 mask runs" in report
+
+
+def test_quick_mode_on_the_diffusion_toy_with_an_exact_rollout(trust_region, tmp_path):
+    """The diffusion toy with no rollout cache: avg@N from its sampler at temperature 1, the cache mode recorded."""
+    store = trust_region.main(["--quick", "--models", "diffusion", "--methods", "dppo_topk_kl", "--eval-size", "10",
+                               "--eval-samples", "2", "--cache-mode", "none", "--output-dir", str(tmp_path)])
+    (run,) = store["runs"]
+    assert store["setup"]["cache_mode"] == "none" and 0.0 <= run["sampled_solve_rate"] <= 1.0
+    assert 0.0 <= store["baseline_sampled"]["diffusion"] <= 1.0
+    assert "direction_agreement" not in run  # the re-scoring is causal-only
+    # No cache: the rollout's record is the training forward's distribution, so the first update masks nothing.
+    assert run["masked_frac_per_step"][0] == 0.0
+
+
+def test_defaults_are_the_main_calibrated_study(trust_region):
+    """A bare run reproduces docs/trust_region.md's main table, not the withdrawn first study."""
+    args = trust_region.parse_args([])
+    assert (args.models, args.rollout_quant, args.top_k, args.delta) == (["causal"], "fp8_e5m2", 2, 0.05)
+    assert args.seeds == list(range(10)) and args.name == "trust_region_stress_delta0.05"
+    both = trust_region.parse_args(["--models", "causal", "diffusion"])
+    assert both.rollout_quant == "none"  # the fake-quantised rollout is the causal toy's stress only
+    assert trust_region.parse_args(["--quick"]).name == "trust_region_quick"
+
