@@ -49,6 +49,7 @@ from transformers import DynamicCache
 
 from ..models.engines import unwrap_model
 from .sampler import NEVER_COMMITTED, DiffusionGenerationOutput
+from .trajectory import DenoisingSteps
 
 SELF_CONDITIONING_CARRIERS = ("embedding", "logits")
 
@@ -110,42 +111,6 @@ class DiffusionGemmaSamplerConfig:
         if self.self_conditioning not in SELF_CONDITIONING_CARRIERS:
             raise ValueError(f"self_conditioning={self.self_conditioning!r}: expected one of "
                              f"{SELF_CONDITIONING_CARRIERS}.")
-
-
-@dataclass
-class DenoisingSteps:
-    """Per lock-step step ``s`` of a uniform-noise rollout (``S`` steps over all canvases, canvas length ``L``): the
-    record a loss needs to recompute the distribution each accepted token was drawn from. A position may be accepted
-    at many steps (and re-noised in between), unlike a masked-diffusion ``commit_step``.
-
-    ``canvas`` (S,): the canvas each step refines. ``temperature`` (S,) float32: ``T_n``. ``has_self_conditioning``
-    (S,): False at a canvas's first step (zeros fed). ``state_ids`` (B, S, L): the canvas ``x_n`` the decoder read.
-    ``accept_mask`` (B, S, L): ``A_n``. ``accepted_ids`` (B, S, L): ``y`` on ``A_n`` (``x_n`` elsewhere).
-    ``accepted_logps`` (B, S, L) float32: ``log π_old(y_i | x_n, sc_n, T_n)`` on ``A_n`` (0 elsewhere). ``active``
-    (B, S): the row was still denoising this canvas and had not finished its sequence. ``self_conditioning`` (B, S, L,
-    H or V): the carrier's record (``carrier``: ``"embedding"`` or ``"logits"``).
-    """
-
-    canvas: torch.Tensor
-    temperature: torch.Tensor
-    has_self_conditioning: torch.Tensor
-    state_ids: torch.Tensor
-    accept_mask: torch.Tensor
-    accepted_ids: torch.Tensor
-    accepted_logps: torch.Tensor
-    active: torch.Tensor
-    self_conditioning: torch.Tensor
-    carrier: str
-
-
-@dataclass
-class DiffusionGemmaOutput(DiffusionGenerationOutput):
-    """:class:`~dllm_trl.generation.DiffusionGenerationOutput` of a uniform-noise rollout. ``commit_step`` (B, G):
-    the row's (dense) step whose argmax fixed the position's output (its canvas's last step), ``NEVER_COMMITTED`` for
-    canvases the row never decoded; ``commit_prob``: that argmax token's probability there. ``denoising_steps``: the
-    per-step record (:class:`DenoisingSteps`)."""
-
-    denoising_steps: DenoisingSteps | None = None
 
 
 def is_diffusion_gemma(model) -> bool:
@@ -265,7 +230,10 @@ def check_sampler_model(config: DiffusionGemmaSamplerConfig, model) -> None:
 
 class DiffusionGemmaSampler:
     """The rollout of DiffusionGemma (module docstring): same call and output type as
-    :class:`~dllm_trl.generation.MaskedDiffusionSampler`, plus the per-step record (:class:`DenoisingSteps`)."""
+    :class:`~dllm_trl.generation.MaskedDiffusionSampler`, with the per-step record in ``denoising_steps``
+    (:class:`~dllm_trl.generation.trajectory.DenoisingSteps`). In the output, ``commit_step`` (B, G) is the row's
+    (dense) step whose argmax fixed each position's output token (its canvas's last step; ``NEVER_COMMITTED`` for
+    canvases the row never decoded) and ``commit_prob`` that token's probability there."""
 
     def __init__(self, config: DiffusionGemmaSamplerConfig):
         self.config = config
@@ -275,7 +243,7 @@ class DiffusionGemmaSampler:
 
     @torch.no_grad()
     def __call__(self, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None = None,
-                 generator: torch.Generator | None = None) -> DiffusionGemmaOutput:
+                 generator: torch.Generator | None = None) -> DiffusionGenerationOutput:
         """Left-padded prompts (B, P) → completions (B, gen_length) and their trajectory. ``generator``: None draws
         from the global generator, as ``model.generate`` does."""
         cfg = self.config
@@ -396,7 +364,7 @@ class DiffusionGemmaSampler:
         is_eos = torch.isin(completion, eos)
         first_eos = torch.where(is_eos.any(1), is_eos.int().argmax(1), cfg.gen_length)
         completion_mask = (torch.arange(cfg.gen_length, device=device).unsqueeze(0) <= first_eos.unsqueeze(1)).long()
-        return DiffusionGemmaOutput(
+        return DiffusionGenerationOutput(
             sequences=torch.cat([prompt_ids, completion], dim=1),
             completion_ids=completion,
             completion_mask=completion_mask,

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..models.bidirectional import attention_mask_dtype, diffusion_block_size, diffusion_config
+from ..generation.diffusion_gemma import is_diffusion_gemma
+from ..models.bidirectional import attention_mask_dtype, diffusion_block_size, diffusion_config, make_bidirectional
 from ..models.scoring import chunked_token_logps_at, completion_token_logps
 from .estimators import (
     ESTIMATORS,
@@ -115,7 +116,18 @@ class RLDFLoss:
         return {"record_topk": self.record_topk} if self.record_topk else {}
 
     # -------------------------------------------------------------------------------------------- rollout side
+    def prepare_model(self, model) -> None:
+        """Set the model up for this loss's forwards before the trainer wraps it: masked diffusion attends
+        bidirectionally (block-causally for a block-diffusion model)."""
+        make_bidirectional(model)
+
     def check_model(self, model) -> None:
+        if is_diffusion_gemma(model):
+            raise ValueError(
+                f"{type(self).__name__} scores masked-diffusion states; DiffusionGemma (uniform-noise diffusion) has its "
+                "own loss and sampler: pass loss=DiffusionGemmaRLDFLoss(args) (dllm_trl.losses) and "
+                "sampler=DiffusionGemmaSampler(...) (dllm_trl.generation)."
+            )
         estimator = self.args.policy_estimator
         if estimator not in self.supported_estimators:
             raise ValueError(
