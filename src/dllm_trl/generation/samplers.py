@@ -21,6 +21,10 @@ class MaskedDiffusionSampler:
     def check_model(self, model) -> None:
         """Refuse settings the model cannot decode with (e.g. a block-diffusion model's block size), and a
         ``reference_decoder``, whose prompt alignment the training forward does not share."""
+        if is_diffusion_gemma(model):
+            raise ValueError("DiffusionGemma is uniform-noise diffusion (no mask token, canvases of its own length): "
+                             "decode it with DiffusionGemmaSampler(DiffusionGemmaSamplerConfig(...)), not "
+                             "MaskedDiffusionSampler.")
         check_block_decoding(self.config, diffusion_block_size(model))
         if self.config.reference_decoder is not None:
             raise ValueError(

@@ -1,0 +1,297 @@
+"""RLDF on DiffusionGemma (``DiffusionGemmaRLDFLoss`` over ``DiffusionGemmaSampler``'s record, SPEC §2 on §8).
+
+Oracles: (a) the loss and its gradients on sampled steps equal a brute-force reference written here — one state at a
+time, each row alone and unpadded, its prompt and finished canvases encoded through the encoder's own 2-D-mask path,
+the decoder called with the rollout's self-conditioning *logits* (the exact input), the per-token terms written from
+the formulas (REINFORCE, k3 KL, ``sample`` normalisation, clipped clean targets at threshold ``c``); under the
+``"logits"`` carrier for every weight, under the ``"embedding"`` carrier with the embeddings frozen (LoRA's case),
+which is exactly where that carrier claims exactness. (b) Two ``RLDFTrainer`` steps run with a finite loss, and with
+frozen embeddings the two carriers train to the same weights. (c) Masked-diffusion settings on a DiffusionGemma run are
+refused early, naming the field and the fix.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from dllm_trl import RLDFConfig, RLDFTrainer, load_diffusion_model
+from dllm_trl.generation import DiffusionGemmaSampler, DiffusionGemmaSamplerConfig, MaskedDiffusionSampler
+from dllm_trl.losses import RLDFLoss
+from dllm_trl.losses.diffusion_gemma_loss import DiffusionGemmaRLDFLoss
+from dllm_trl.models import set_diffusion_properties
+from dllm_trl.testing import build_tiny_diffusion_gemma
+from dllm_trl.toy import build_toy_tokenizer, toy_dataset
+
+from .test_diffusion_gemma_generation import PROMPTS, left_padded
+
+CANVAS = 8
+GEN = 2 * CANVAS
+EOS = 63
+
+
+def make_model(seed: int = 0, **kwargs):
+    model = build_tiny_diffusion_gemma(seed=seed, canvas_length=CANVAS, **kwargs)
+    with torch.no_grad():
+        model.model.decoder.norm.weight.add_(24.0)  # confident enough to accept several positions per step
+    return model
+
+
+def make_args(estimator: str = "rldf", beta: float = 0.05, **overrides) -> RLDFConfig:
+    values = dict(max_completion_length=GEN, block_length=CANVAS, num_sampled_timesteps=3, policy_estimator=estimator,
+                  clean_target_threshold=0.1, loss_normalization="sample", beta=beta, use_cpu=True, report_to="none",
+                  save_strategy="no", num_generations=3, per_device_train_batch_size=3)
+    values.update(overrides)
+    return RLDFConfig("/tmp/dllm-trl-diffusion-gemma-test", **values)
+
+
+def rollout(model, carrier: str, seed: int = 2):
+    config = DiffusionGemmaSamplerConfig(gen_length=GEN, max_denoising_steps=5, entropy_bound=0.5,
+                                         confidence_threshold=0.5, eos_token_id=EOS, self_conditioning=carrier)
+    ids, mask = left_padded(PROMPTS)
+    torch.manual_seed(seed)
+    return ids, mask, DiffusionGemmaSampler(config)(model, ids, mask)
+
+
+# ------------------------------------------------------------------------------------------ brute-force reference
+def reference_logits(model, prompt, completion, canvas, state, sc_logits):
+    """The decoder's logits at one state, for one unpadded row: encoder over the prompt, then each finished canvas
+    before ``canvas``, then the decoder reading that cache (positions continue after the encoded tokens)."""
+    cache = DynamicCache(config=model.config.get_text_config())
+    encoded = 0
+    chunks = [prompt] + [completion[c * CANVAS : (c + 1) * CANVAS] for c in range(canvas)]
+    for chunk in chunks:
+        positions = torch.arange(encoded, encoded + chunk.numel()).unsqueeze(0)
+        model.model.encoder(input_ids=chunk.unsqueeze(0), past_key_values=cache, position_ids=positions)
+        encoded += chunk.numel()
+    positions = torch.arange(encoded, encoded + CANVAS).unsqueeze(0)
+    return model(decoder_input_ids=state.unsqueeze(0), past_key_values=cache, decoder_position_ids=positions,
+                 self_conditioning_logits=None if sc_logits is None else sc_logits.unsqueeze(0)).logits[0]
+
+
+def reference_loss(model, ref_model, args, ids, mask, output, exact, sampled, advantages):
+    """Σ over rows and sampled steps of the per-token terms, from the formulas, with ``exact``'s self-conditioning
+    logits (a ``"logits"``-carrier rollout of the same trajectory)."""
+    record, logits_record = output.denoising_steps, exact.denoising_steps
+    rows = ids.shape[0]
+    total = 0.0
+    for b in range(rows):
+        prompt = ids[b][mask[b].bool()]
+        steps = [int(s) for s in sampled[b] if s >= 0]
+        for s in steps:
+            c = int(record.canvas[s])
+            sc = logits_record.self_conditioning[b, s] if bool(record.has_self_conditioning[s]) else None
+            state = record.state_ids[b, s]
+            temperature = record.temperature[s]
+            logps = (reference_logits(model, prompt, output.completion_ids[b], c, state, sc) / temperature).log_softmax(-1)
+            accept = record.accept_mask[b, s]
+            final = output.completion_ids[b, c * CANVAS : (c + 1) * CANVAS]
+            target = torch.where(accept, record.accepted_ids[b, s], final)
+            token_logps = logps.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+            targets = accept.clone()
+            if args.policy_estimator == "rldf":
+                valid = output.completion_mask[b, c * CANVAS : (c + 1) * CANVAS].bool()
+                targets |= valid & (token_logps.detach().exp() >= args.clean_target_threshold)
+            terms = -advantages[b] * token_logps
+            if args.beta:
+                with torch.no_grad():
+                    ref = (reference_logits(ref_model, prompt, output.completion_ids[b], c, state, sc)
+                           / temperature).log_softmax(-1).gather(-1, target.unsqueeze(-1)).squeeze(-1)
+                delta = ref - token_logps
+                terms = terms + args.beta * (delta.exp() - delta - 1)
+            total = total + (terms * targets).sum() / (targets.sum() * len(steps) * rows)
+    return total
+
+
+def loss_under_test(loss, model, ref_model, ids, mask, output, advantages):
+    trajectory, _ = loss.sample_states(ids, mask, output, torch.Generator().manual_seed(7), None)
+    batch = dict(trajectory, advantages=advantages)
+    with torch.no_grad():
+        old = loss.score_states(model, batch)
+        if loss.args.beta:
+            batch["ref_per_token_logps"] = loss.score_states(ref_model, batch)
+    batch["target_mask"] = loss.target_mask(batch, old if loss.targets_need_old_policy else None, None)
+    call = loss.begin(batch, loss.normalizer(batch, 1, 1.0), loss.args.beta, 0.2, 0.2)
+    steps = (batch["sampled_steps"] >= 0).any(0).nonzero().squeeze(1).tolist()
+    value = sum(loss.chunk_loss(model, batch, chunk, call) for chunk in loss.loss_chunks(model, batch, steps))
+    return value, batch
+
+
+def grads(model):
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def reference_model(model):
+    """The KL reference: the policy with every transformer layer perturbed but the same embeddings (as the base model
+    under LoRA), which is what the ``"embedding"`` carrier needs to be exact for the reference too."""
+    reference = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for param in reference.model.decoder.layers.parameters():
+            param.add_(0.05 * torch.randn(param.shape, generator=generator))
+    return reference
+
+
+def assert_close_to_scale(actual, expected, name, rel=1e-4):
+    """Elementwise agreement to ``rel`` of the tensor's largest magnitude (summed gradients carry rounding of that
+    size on their small entries)."""
+    error = (actual - expected).abs().max().item()
+    assert error <= rel * expected.abs().max().item() + 1e-8, f"{name}: max error {error}"
+
+
+@pytest.mark.parametrize("carrier", ["logits", "embedding"])
+@pytest.mark.parametrize("estimator", ["rldf", "sequential"])
+def test_loss_and_gradients_equal_brute_force(carrier, estimator):
+    model = make_model()
+    if carrier == "embedding":  # the carrier's exactness claim: embeddings frozen, as under LoRA
+        model.model.decoder.embed_tokens.weight.requires_grad_(False)
+    ref_model = reference_model(model)
+    args = make_args(estimator)
+    ids, mask, output = rollout(model, carrier)
+    _, _, exact = rollout(model, "logits")
+    assert torch.equal(output.completion_ids, exact.completion_ids)
+    advantages = torch.tensor([1.0, -0.5, 0.25])
+
+    loss = DiffusionGemmaRLDFLoss(args)
+    model.zero_grad()
+    value, batch = loss_under_test(loss, model, ref_model, ids, mask, output, advantages)
+    value.backward()
+    ours = grads(model)
+    assert batch["target_mask"].any() and torch.isfinite(value)
+    if estimator == "rldf":  # clean targets were added beyond the accept sets
+        assert (batch["target_mask"] & ~batch["state_accept"]).any()
+
+    model.zero_grad()
+    expected = reference_loss(model, ref_model, args, ids, mask, output, exact, batch["sampled_steps"], advantages)
+    expected.backward()
+    theirs = grads(model)
+    torch.testing.assert_close(value, expected, atol=2e-6, rtol=1e-5)
+    assert ours.keys() == theirs.keys()
+    for name in ours:
+        assert_close_to_scale(ours[name], theirs[name], name)
+
+
+def test_weighted_timesteps_come_from_accepted_log_probs():
+    model = make_model()
+    ids, mask, output = rollout(model, "embedding")
+    loss = DiffusionGemmaRLDFLoss(make_args(num_sampled_timesteps=2, timestep_temperature=0.0))
+    trajectory, (total, count) = loss.sample_states(ids, mask, output, None, None)
+    record = output.denoising_steps
+    accepted = record.accept_mask & record.active.unsqueeze(-1)
+    uncertainty = -(record.accepted_logps * accepted).sum(-1) / accepted.sum(-1).clamp_min(1)
+    uncertainty = uncertainty.masked_fill(~accepted.any(-1), float("-inf"))
+    expected = uncertainty.topk(2, dim=1).indices.sort(1).values  # τ = 0: the two most uncertain steps
+    assert torch.equal(trajectory["sampled_steps"], expected)
+    assert count == 2 * ids.shape[0]
+    # Steps of canvases after a row finished its sequence are never sampled.
+    assert record.active.gather(1, trajectory["sampled_steps"]).all()
+
+
+# ------------------------------------------------------------------------------------------------------ trainer
+def digit_ones_reward(completions, **kwargs):
+    """A reward that varies between completions of a random model: the share of '1' characters."""
+    return [text.count("1") / max(len(text), 1) for text in completions]
+
+
+def toy_model():
+    tokenizer = build_toy_tokenizer()
+    model = build_tiny_diffusion_gemma(vocab_size=len(tokenizer) + 3, canvas_length=4,
+                                       eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    with torch.no_grad():
+        model.model.decoder.norm.weight.add_(20.0)
+    return model, tokenizer
+
+
+def train(carrier: str, steps: int = 2):
+    model, tokenizer = toy_model()
+    model.model.decoder.embed_tokens.weight.requires_grad_(False)
+    args = RLDFConfig("/tmp/dllm-trl-diffusion-gemma-trainer", max_completion_length=8, block_length=4,
+                      num_generations=4, per_device_train_batch_size=4, max_steps=steps, use_cpu=True,
+                      report_to="none", save_strategy="no", beta=0.02, num_sampled_timesteps=3, learning_rate=1e-2,
+                      drop_zero_variance_groups=False, logging_steps=1)
+    sampler = DiffusionGemmaSampler(DiffusionGemmaSamplerConfig(gen_length=8, max_denoising_steps=4,
+                                                                self_conditioning=carrier))
+    trainer = RLDFTrainer(model=model, reward_funcs=digit_ones_reward, args=args, train_dataset=toy_dataset("train"),
+                          processing_class=tokenizer, sampler=sampler, loss=DiffusionGemmaRLDFLoss(args))
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    trainer.train()
+    return trainer, before
+
+
+def test_trainer_steps_and_carriers_agree():
+    embedding, before = train("embedding")
+    logs = [h for h in embedding.state.log_history if "loss" in h]
+    assert len(logs) == 2 and all(torch.isfinite(torch.tensor(h["loss"])) for h in logs)
+    assert any(h["grad_norm"] > 0 for h in logs)
+    after = dict(embedding.model.named_parameters())
+    assert any(not torch.equal(before[n], p.detach()) for n, p in after.items())  # it learnt something
+    logits, _ = train("logits")
+    for name, param in logits.model.named_parameters():
+        torch.testing.assert_close(param.detach(), after[name].detach(), atol=1e-6, rtol=1e-5, msg=name)
+
+
+# ------------------------------------------------------------------------------------------------- refusals
+def trainer_for(model, args, tokenizer, **kwargs):
+    return RLDFTrainer(model=model, reward_funcs=digit_ones_reward, args=args, train_dataset=toy_dataset("train"),
+                       processing_class=tokenizer, **kwargs)
+
+
+def toy_args(**overrides):
+    values = dict(max_completion_length=8, block_length=4, num_generations=4, per_device_train_batch_size=4,
+                  use_cpu=True, report_to="none", save_strategy="no")
+    values.update(overrides)
+    return RLDFConfig("/tmp/dllm-trl-diffusion-gemma-refusals", **values)
+
+
+def test_masked_diffusion_settings_are_refused_early():
+    model, tokenizer = toy_model()
+    sampler = DiffusionGemmaSampler(DiffusionGemmaSamplerConfig(gen_length=8, max_denoising_steps=2))
+    with pytest.raises(ValueError, match=r"block_length=8 .*set block_length=4"):
+        args = toy_args(max_completion_length=8, block_length=8)
+        trainer_for(model, args, tokenizer, sampler=sampler, loss=DiffusionGemmaRLDFLoss(args))
+    with pytest.raises(ValueError, match=r"unmasking_threshold=0.5 .*entropy_bound"):
+        args = toy_args(unmasking_threshold=0.5)
+        trainer_for(model, args, tokenizer, sampler=sampler, loss=DiffusionGemmaRLDFLoss(args))
+    with pytest.raises(ValueError, match=r"policy_estimator='all_masking'.*\('rldf', 'sequential'\)"):
+        args = toy_args(policy_estimator="all_masking")
+        trainer_for(model, args, tokenizer, sampler=sampler, loss=DiffusionGemmaRLDFLoss(args))
+    with pytest.raises(ValueError, match="loss=DiffusionGemmaRLDFLoss"):
+        trainer_for(model, toy_args(), tokenizer, sampler=sampler)  # the masked-diffusion default loss
+    with pytest.raises(ValueError, match="DiffusionGemmaSampler"):
+        args = toy_args()
+        trainer_for(model, args, tokenizer, loss=DiffusionGemmaRLDFLoss(args))  # the masked-diffusion default sampler
+    masked = copy.deepcopy(model)
+    masked.config.mask_token_id = 5  # as set_diffusion_properties would leave it
+    with pytest.raises(ValueError, match=r"config.mask_token_id=5 .*no mask token"):
+        args = toy_args()
+        trainer_for(masked, args, tokenizer, sampler=sampler, loss=DiffusionGemmaRLDFLoss(args))
+    with pytest.raises(ValueError, match="MaskedDiffusionSampler"):
+        DiffusionGemmaSampler(DiffusionGemmaSamplerConfig(gen_length=8)).check_model(
+            set_diffusion_properties(make_masked_llada(), mask_token_id=3))
+    with pytest.raises(ValueError, match="DiffusionGemmaSampler"):
+        MaskedDiffusionSampler(toy_args().diffusion_generation_config()).check_model(model)
+    with pytest.raises(ValueError, match="DiffusionGemmaRLDFLoss"):
+        RLDFLoss(toy_args()).check_model(model)
+
+
+def make_masked_llada():
+    from dllm_trl.testing import build_tiny_llada
+
+    return build_tiny_llada()
+
+
+def test_loader_recognises_diffusion_gemma(tmp_path):
+    model = make_model()
+    model.save_pretrained(tmp_path)
+    loaded = load_diffusion_model(str(tmp_path))
+    assert type(loaded).__name__ == "DiffusionGemmaForBlockDiffusion"
+    assert getattr(loaded.config, "mask_token_id", None) is None
+    reference = model.state_dict()
+    assert all(torch.equal(reference[name], value) for name, value in loaded.state_dict().items())
+    with pytest.raises(ValueError, match=r"mask_token_id=3.*load_diffusion_model\(path\)"):
+        load_diffusion_model(str(tmp_path), mask_token_id=3)
+    with pytest.raises(ValueError, match="block_size=4"):
+        load_diffusion_model(str(tmp_path), block_size=4)
