@@ -288,7 +288,7 @@ class DiffusionGemmaSampler:
                 accepted = torch.where(accept, drawn, canvas)
                 noise = torch.randint(0, vocab, (batch, length), device=device, generator=generator)
                 new_canvas = torch.where(accept, accepted, noise)
-                logps = torch.log_softmax(scaled.float(), dim=-1).gather(-1, drawn.unsqueeze(-1)).squeeze(-1)
+                logps = scaled.gather(-1, drawn.unsqueeze(-1)).squeeze(-1) - scaled.logsumexp(-1)
 
                 record["canvas"].append(c)
                 record["temperature"].append(temperature.float())

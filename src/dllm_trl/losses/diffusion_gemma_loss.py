@@ -26,6 +26,9 @@ Approximations (everything else is the rollout's own computation):
 
 * the gradient through the **self-conditioning chain** is dropped: each state's self-conditioning input is the
   rollout's record, a constant (with the ``"embedding"`` carrier and trained embeddings, also its dependence on ``E``);
+* with the ``"embedding"`` carrier the soft embedding is the rollout policy's, ``softmax(logits) · E``: exact for
+  π_θ and for the KL reference while they share the frozen ``E`` (LoRA, whose reference is the base model), not for
+  a reference with other embeddings or after an update of ``E`` (then use the ``"logits"`` carrier);
 * the **accept sets** and the **final argmax** are deterministic functions of the logits, treated as fixed (no
   gradient; the argmax that defines the clean targets and the output is not a sampled decision);
 * the clean targets (``"rldf"``) are RLDF's biased x₀ estimator, as for masked diffusion; ``"sequential"`` is the
