@@ -19,9 +19,10 @@ import torch
 from transformers import DynamicCache
 
 from dllm_trl import RLDFConfig, RLDFTrainer, load_diffusion_model
+from dllm_trl.trainers import DiffusionDPPOMaskTrainer, DPPOMaskConfig
 from dllm_trl.generation import DiffusionGemmaSampler, DiffusionGemmaSamplerConfig, MaskedDiffusionSampler
 from dllm_trl.losses import RLDFLoss
-from dllm_trl.losses.diffusion_gemma_loss import DiffusionGemmaRLDFLoss
+from dllm_trl.losses.diffusion_gemma_loss import DiffusionGemmaRLDFLoss, DiffusionGemmaTrustRegionLoss
 from dllm_trl.models import set_diffusion_properties
 from dllm_trl.testing import build_tiny_diffusion_gemma
 from dllm_trl.toy import build_toy_tokenizer, toy_dataset
@@ -48,9 +49,10 @@ def make_args(estimator: str = "rldf", beta: float = 0.05, **overrides) -> RLDFC
     return RLDFConfig("/tmp/dllm-trl-diffusion-gemma-test", **values)
 
 
-def rollout(model, carrier: str, seed: int = 2):
+def rollout(model, carrier: str, seed: int = 2, record_topk: int = 0):
     config = DiffusionGemmaSamplerConfig(gen_length=GEN, max_denoising_steps=5, entropy_bound=0.5,
-                                         confidence_threshold=0.5, eos_token_id=EOS, self_conditioning=carrier)
+                                         confidence_threshold=0.5, eos_token_id=EOS, self_conditioning=carrier,
+                                         record_topk=record_topk)
     ids, mask = left_padded(PROMPTS)
     torch.manual_seed(seed)
     return ids, mask, DiffusionGemmaSampler(config)(model, ids, mask)
@@ -188,6 +190,107 @@ def test_weighted_timesteps_come_from_accepted_log_probs():
     assert count == 2 * ids.shape[0]
     # Steps of canvases after a row finished its sequence are never sampled.
     assert record.active.gather(1, trajectory["sampled_steps"]).all()
+
+
+# -------------------------------------------------------------------------------------------------- trust region
+TOP_K = 5
+
+
+def dppo_args(**overrides) -> DPPOMaskConfig:
+    values = dict(max_completion_length=GEN, block_length=CANVAS, num_sampled_timesteps=3, policy_estimator="rldf",
+                  clean_target_threshold=0.1, loss_normalization="sample", beta=0.0, use_cpu=True, report_to="none",
+                  save_strategy="no", num_generations=3, per_device_train_batch_size=3, divergence_top_k=TOP_K,
+                  divergence_threshold=0.05)
+    values.update(overrides)
+    return DPPOMaskConfig("/tmp/dllm-trl-diffusion-gemma-dppo", **values)
+
+
+def test_trust_region_on_policy_is_reinforce():
+    """On-policy every token's μ is the distribution π_θ recomputes (the rollout's record for accepted tokens, the
+    forward's own for clean targets): nothing is masked, the weights are 1, and loss and gradients are REINFORCE's."""
+    model = make_model()
+    ids, mask, output = rollout(model, "embedding", record_topk=TOP_K)
+    args = dppo_args()
+    advantages = torch.tensor([1.0, -0.5, 0.25])
+    trust = DiffusionGemmaTrustRegionLoss(args, model.config.text_config.vocab_size)
+    trust.check_model(model)
+    model.zero_grad()
+    value, batch = loss_under_test(trust, model, None, ids, mask, output, advantages)
+    value.backward()
+    ours = grads(model)
+    call = trust.begin(batch, trust.normalizer(batch, 1, 1.0), 0.0, 0.2, 0.2)
+    steps = (batch["sampled_steps"] >= 0).any(0).nonzero().squeeze(1).tolist()
+    with torch.no_grad():
+        trust.chunk_loss(model, batch, steps, call)
+    metrics = trust.metric_sums(batch, call)
+    assert metrics["dppo/masked_frac"][0] == 0 and metrics["dppo/mu_from_rollout"][0] > 0
+    assert (call.extra["weights"][batch["target_mask"]] - 1).abs().max() < 1e-5
+    model.zero_grad()
+    plain, _ = loss_under_test(DiffusionGemmaRLDFLoss(args), model, None, ids, mask, output, advantages)
+    plain.backward()
+    torch.testing.assert_close(value, plain, atol=1e-6, rtol=1e-5)
+    for name, grad in grads(model).items():
+        assert_close_to_scale(ours[name], grad, name)
+
+
+def test_trust_region_divergence_of_accepted_tokens_is_against_the_rollout():
+    """After the policy moved, an accepted token's divergence is the top-K KL (SPEC §3.1) of the distribution the
+    rollout drew it from against the moved policy's, both recomputed here from the brute-force reference forward."""
+    model = make_model()
+    ids, mask, output = rollout(model, "logits", record_topk=TOP_K)
+    moved = reference_model(model)
+    args = dppo_args(policy_estimator="sequential")
+    trust = DiffusionGemmaTrustRegionLoss(args, model.config.text_config.vocab_size)
+    trajectory, _ = trust.sample_states(ids, mask, output, torch.Generator().manual_seed(7), None)
+    batch = dict(trajectory, advantages=torch.tensor([1.0, -0.5, 0.25]))
+    batch["target_mask"] = trust.target_mask(batch, None, None)
+    call = trust.begin(batch, trust.normalizer(batch, 1, 1.0), 0.0, 0.2, 0.2)
+    steps = (batch["sampled_steps"] >= 0).any(0).nonzero().squeeze(1).tolist()
+    with torch.no_grad():
+        trust.chunk_loss(moved, batch, steps, call)
+    record = output.denoising_steps
+    checked = 0
+    for b in range(ids.shape[0]):
+        prompt = ids[b][mask[b].bool()]
+        for j, s in enumerate(batch["sampled_steps"][b].tolist()):
+            if s < 0:
+                continue
+            c, temperature = int(record.canvas[s]), record.temperature[s]
+            sc = record.self_conditioning[b, s] if bool(record.has_self_conditioning[s]) else None
+            with torch.no_grad():
+                mu = (reference_logits(model, prompt, output.completion_ids[b], c, record.state_ids[b, s], sc)
+                      / temperature).softmax(-1).double()
+                pi = (reference_logits(moved, prompt, output.completion_ids[b], c, record.state_ids[b, s], sc)
+                      / temperature).softmax(-1).double()
+            for i in record.accept_mask[b, s].nonzero().squeeze(1).tolist():
+                a = int(record.accepted_ids[b, s, i])
+                support = set(mu[i].topk(TOP_K).indices.tolist()) | {a}
+                S = torch.tensor(sorted(support))
+                mu_tail = (1 - mu[i, S].sum()).clamp_min(1e-12)
+                pi_tail = (1 - pi[i, S].sum()).clamp_min(1e-12)
+                kl = (mu[i, S] * (mu[i, S] / pi[i, S]).log()).sum() + mu_tail * (mu_tail / pi_tail).log()
+                assert abs(call.extra["div"][b, j, i].item() - kl.item()) < 1e-4 * max(1.0, kl.item())
+                assert bool(call.extra["from_rollout"][b, j, i])
+                checked += 1
+    assert checked > 0
+    assert (~call.extra["keep"] & batch["target_mask"]).any()  # the moved policy left the trust region somewhere
+
+
+def test_dppo_trainer_step_runs():
+    model, tokenizer = toy_model()
+    args = DPPOMaskConfig("/tmp/dllm-trl-diffusion-gemma-dppo-trainer", max_completion_length=8, block_length=4,
+                          num_generations=4, per_device_train_batch_size=4, max_steps=1, use_cpu=True,
+                          report_to="none", save_strategy="no", num_sampled_timesteps=3, divergence_top_k=4,
+                          drop_zero_variance_groups=False, logging_steps=1)
+    sampler = DiffusionGemmaSampler(DiffusionGemmaSamplerConfig(gen_length=8, max_denoising_steps=4))
+    trainer = DiffusionDPPOMaskTrainer(model=model, reward_funcs=digit_ones_reward, args=args,
+                                       train_dataset=toy_dataset("train"), processing_class=tokenizer, sampler=sampler,
+                                       loss=DiffusionGemmaTrustRegionLoss(args, model.config.text_config.vocab_size))
+    assert sampler.config.record_topk == 4  # the loss asked the sampler for the behaviour top-K
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert logs and all(torch.isfinite(torch.tensor(h["loss"])) for h in logs)
+    assert any(name.startswith("dppo/") for name in logs[0])
 
 
 # ------------------------------------------------------------------------------------------------------ trainer

@@ -80,6 +80,9 @@ class DiffusionGemmaSamplerConfig:
         self_conditioning (`str`, defaults to `"embedding"`):
             What the record keeps of each step's self-conditioning input: `"embedding"` (the (B, L, H) soft
             embedding, exact while the embeddings are frozen) or `"logits"` (the (B, L, V) logits, exact always).
+        record_topk (`int`, defaults to `0`):
+            Also record, per step and position, the top-K ids and log-probs of the tempered distribution the tokens
+            were drawn from (the behaviour distribution of the trust-region loss; 0 = off).
     """
 
     gen_length: int = field(default=256, metadata={"help": "Completion tokens, a multiple of the canvas length."})
@@ -96,6 +99,8 @@ class DiffusionGemmaSamplerConfig:
         metadata={"help": "Self-conditioning record: 'embedding' (B,L,H; exact with frozen embeddings) or 'logits'.",
                   "choices": list(SELF_CONDITIONING_CARRIERS)},
     )
+
+    record_topk: int = field(default=0, metadata={"help": "Top-K of each step's tempered distribution to record."})
 
     def __post_init__(self):
         if self.gen_length <= 0:
@@ -264,7 +269,7 @@ class DiffusionGemmaSampler:
         commit_prob = torch.zeros(batch, cfg.gen_length, device=device)
         sequence_done = torch.zeros(batch, dtype=torch.bool, device=device)
         record = {name: [] for name in ("canvas", "temperature", "has_sc", "state", "accept", "accepted", "logps",
-                                        "active", "sc")}
+                                        "active", "sc", "topk_ids", "topk_logps")}
         chunk, start = prompt_ids, 0
         for c in range(num_canvases):
             calls.encode(cache, chunk, attention, start)
@@ -298,6 +303,10 @@ class DiffusionGemmaSampler:
                 record["accepted"].append(accepted)
                 record["logps"].append(torch.where(accept, logps, 0.0))
                 record["active"].append(active)
+                if cfg.record_topk:
+                    values, ids = scaled.topk(cfg.record_topk, dim=-1)
+                    record["topk_ids"].append(ids.to(torch.int32))
+                    record["topk_logps"].append(values - scaled.logsumexp(-1, keepdim=True))
                 if cfg.self_conditioning == "embedding":
                     record["sc"].append(captured[0].to(embedding_dtype))
                 else:
@@ -352,6 +361,8 @@ class DiffusionGemmaSampler:
             active=torch.stack(record["active"], dim=1),
             self_conditioning=torch.stack(record["sc"], dim=1),
             carrier=cfg.self_conditioning,
+            topk_ids=torch.stack(record["topk_ids"], dim=1) if cfg.record_topk else None,
+            topk_logps=torch.stack(record["topk_logps"], dim=1) if cfg.record_topk else None,
         )
         # Dense per-row step numbers; a canvas's positions are fixed by the row's last active step in it.
         active = steps_record.active

@@ -20,7 +20,8 @@ class DenoisingSteps:
     ``accept_mask`` (B, S, L): ``A_n``. ``accepted_ids`` (B, S, L): ``y`` on ``A_n`` (``x_n`` elsewhere).
     ``accepted_logps`` (B, S, L) float32: ``log π_old(y_i | x_n, sc_n, T_n)`` on ``A_n`` (0 elsewhere). ``active``
     (B, S): the row was still denoising this canvas and had not finished its sequence. ``self_conditioning`` (B, S, L,
-    H or V): the carrier's record (``carrier``: ``"embedding"`` or ``"logits"``).
+    H or V): the carrier's record (``carrier``: ``"embedding"`` or ``"logits"``). ``topk_ids`` int32 / ``topk_logps``
+    (B, S, L, K): the top-K of each step's tempered distribution, when the sampler was asked to record them.
     """
 
     canvas: torch.Tensor
@@ -33,3 +34,5 @@ class DenoisingSteps:
     active: torch.Tensor
     self_conditioning: torch.Tensor
     carrier: str
+    topk_ids: torch.Tensor | None = None
+    topk_logps: torch.Tensor | None = None

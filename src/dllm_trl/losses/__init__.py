@@ -13,7 +13,7 @@ from .rldf import (
     sequential_target_mask,
     step_uncertainty,
 )
-from .diffusion_gemma_loss import DiffusionGemmaRLDFLoss
+from .diffusion_gemma_loss import DiffusionGemmaRLDFLoss, DiffusionGemmaTrustRegionLoss
 from .rldf_loss import LossCall, RLDFLoss, zero_variance_rows
 from .routing_drift import MoERLDFLoss, RoutingDriftMixin, expert_set_agreement
 from .trust_region_loss import CausalTrustRegionLoss, DiffusionTrustRegionLoss
@@ -21,6 +21,7 @@ from .trust_region_loss import CausalTrustRegionLoss, DiffusionTrustRegionLoss
 __all__ = [
     "CausalTrustRegionLoss",
     "DiffusionGemmaRLDFLoss",
+    "DiffusionGemmaTrustRegionLoss",
     "DiffusionTrustRegionLoss",
     "LossCall",
     "MoERLDFLoss",

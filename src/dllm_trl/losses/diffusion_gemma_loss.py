@@ -46,8 +46,9 @@ import torch
 
 from ..generation.diffusion_gemma import is_diffusion_gemma, replay_logits
 from ..models.engines import unwrap_model
-from .rldf import INVALID_STEP, sample_timesteps
-from .rldf_loss import RLDFLoss
+from .rldf import INVALID_STEP, corrected_k3_kl, sample_timesteps
+from .rldf_loss import LossCall, RLDFLoss
+from .trust_region_loss import TrustRegionTerms
 
 DIFFUSION_GEMMA_ESTIMATORS = ("rldf", "sequential")
 
@@ -187,9 +188,9 @@ class DiffusionGemmaRLDFLoss(RLDFLoss):
     def _packs(self, model) -> bool:
         return False
 
-    def state_logps(self, model, batch, rows, steps, with_entropy=False, entropy_grad=True):
-        """``log π(target | x_n, sc_n, T_n)`` (len(rows), len(steps), L) of the states ``steps`` of ``rows`` (zeros
-        for padding steps); with ``with_entropy``, also the entropy of that tempered distribution."""
+    def state_log_probs(self, model, batch, rows, steps):
+        """``(where, log_probs)``: the tempered log-distribution ``log softmax(logits / T_n)`` (n, L, V) of every live
+        state among ``steps`` of ``rows``, ``where`` its (row index into ``rows``, index into ``steps``)."""
         pick = lambda key: batch[key][rows][:, steps]  # noqa: E731
         live = pick("sampled_steps") != INVALID_STEP
         canvas = torch.where(live, pick("state_canvas"), -1)
@@ -199,8 +200,14 @@ class DiffusionGemmaRLDFLoss(RLDFLoss):
                                pick("state_has_self_conditioning"), carrier)
         where = live.nonzero(as_tuple=True)
         scaled = logits.float() / pick("state_temperature")[where].view(-1, 1, 1)
-        log_probs = scaled.log_softmax(-1)
-        values = log_probs.gather(-1, pick("state_target_ids")[where].unsqueeze(-1)).squeeze(-1)
+        return where, scaled.log_softmax(-1)
+
+    def state_logps(self, model, batch, rows, steps, with_entropy=False, entropy_grad=True):
+        """``log π(target | x_n, sc_n, T_n)`` (len(rows), len(steps), L) of the states ``steps`` of ``rows`` (zeros
+        for padding steps); with ``with_entropy``, also the entropy of that tempered distribution."""
+        where, log_probs = self.state_log_probs(model, batch, rows, steps)
+        targets = batch["state_target_ids"][rows][:, steps][where]
+        values = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
         shape = (rows.numel(), len(steps), values.shape[-1])
         out = values.new_zeros(shape).index_put(where, values)
         if not with_entropy:
@@ -244,3 +251,117 @@ class DiffusionGemmaRLDFLoss(RLDFLoss):
                      state_canvas=inputs["state_canvas"].clamp_min(0))
         return self.state_logps(model, batch, torch.zeros(1, dtype=torch.long, device=batch["sampled_steps"].device),
                                 [0]).sum() * 0.0
+
+
+class DiffusionGemmaTrustRegionLoss(TrustRegionTerms, DiffusionGemmaRLDFLoss):
+    """The (predictive) divergence trust-region mask (paper 2, SPEC §3) on DiffusionGemma's sampled steps: the masked
+    policy gradient ``−M · w · A · log π_θ(a)`` per target token instead of REINFORCE / PPO, ``β`` · k3 KL as before.
+
+    ``μ``, the behaviour distribution of a target: for an accepted token (``behaviour_source="rollout"``), the
+    tempered distribution it was drawn from, as the rollout recorded it (its top-K, ``record_topk``, and the drawn
+    token's log-prob); for the clean targets (and every target with ``behaviour_source="old"``), ``π_old(· | x_n, sc_n,
+    T_n)`` from the old-policy pass, or the loss forward's own distribution, detached, on an on-policy batch. ``π_θ``
+    is the same tempered distribution, recomputed by the replay. Use it with
+    :class:`~dllm_trl.trainers.DiffusionDPPOMaskTrainer` (``loss=``, ``sampler=`` as for RLDF).
+    """
+
+    logs_ppo_terms = False
+
+    def __init__(self, args, vocab_size: int):
+        DiffusionGemmaRLDFLoss.__init__(self, args)
+        TrustRegionTerms.__init__(self, args, vocab_size, 1.0)  # π_θ is tempered per step (T_n), not by args
+
+    @property
+    def record_topk(self) -> int:
+        return max(self.args.divergence_top_k, 1)
+
+    def check_model(self, model) -> None:
+        super().check_model(model)
+        if not hasattr(self.args, "divergence"):
+            raise ValueError(f"{type(self).__name__} reads the trust-region settings of a DPPOMaskConfig; got "
+                             f"{type(self.args).__name__}.")
+
+    def sample_states(self, prompt_ids, prompt_mask, output, generator, mask_seed_generator):
+        record = output.denoising_steps
+        if record is None or record.topk_ids is None:
+            raise ValueError(f"{type(self).__name__} needs the rollout's top-K per step: the sampler must honour its "
+                             "config's record_topk (DiffusionGemmaSampler does).")
+        trajectory, uncertainty = super().sample_states(prompt_ids, prompt_mask, output, generator, mask_seed_generator)
+        rows = torch.arange(record.state_ids.shape[0], device=record.state_ids.device).unsqueeze(1)
+        s = trajectory["sampled_steps"].clamp_min(0)
+        top_k = self.args.divergence_top_k
+        # The behaviour record under the masked-diffusion loss's key names, per sampled state: (B, k, L, K).
+        trajectory["rollout_topk_ids"] = record.topk_ids[rows, s][..., :top_k]
+        trajectory["rollout_topk_logps"] = record.topk_logps[rows, s][..., :top_k]
+        return trajectory, uncertainty
+
+    def score_for_policy_pass(self, model, batch, batch_size=None, old_pass=False):
+        """The old-policy pass also keeps π_old's top-K per target position (``old_topk_ids`` / ``old_topk_logps``,
+        (B, k, L, K)) from the same replay."""
+        if not old_pass:
+            return super().score_for_policy_pass(model, batch, batch_size)
+        sampled = batch["sampled_steps"]
+        top_k, length = self.args.divergence_top_k, batch["state_ids"].shape[-1]
+        logps = torch.zeros(*sampled.shape, length, device=sampled.device)
+        ids = torch.full((*sampled.shape, length, top_k), -1, dtype=torch.int32, device=sampled.device)
+        values = torch.zeros(*sampled.shape, length, top_k, device=sampled.device)
+        steps = list(range(sampled.shape[1]))
+        live = (sampled != INVALID_STEP).any(1).nonzero().squeeze(1)
+        with torch.no_grad():
+            for part in live.split(batch_size or sampled.shape[0]) if live.numel() else ():
+                (r, j), log_probs = self.state_log_probs(model, batch, part, steps)
+                targets = batch["state_target_ids"][part[r], j]
+                logps[part[r], j] = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+                top = log_probs.topk(top_k, dim=-1)
+                ids[part[r], j], values[part[r], j] = top.indices.to(torch.int32), top.values
+        return logps, {"old_topk_ids": ids, "old_topk_logps": values}
+
+    def begin(self, inputs, normalizer, beta, epsilon_low, epsilon_high, count_targets=False) -> LossCall:
+        call = super().begin(inputs, normalizer, beta, epsilon_low, epsilon_high, count_targets)
+        call.extra = self.mask_buffers(inputs["target_mask"].shape, inputs["target_mask"].device)
+        return call
+
+    def chunk_loss(self, model, inputs, steps, call):
+        args = self.args
+        sampled = inputs["sampled_steps"]
+        rows = (sampled[:, steps] != INVALID_STEP).any(1).nonzero().squeeze(1)
+        (r, n), log_probs = self.state_log_probs(model, inputs, rows, steps)
+        step_index = torch.as_tensor(steps, device=rows.device)[n]
+        targets = inputs["target_mask"][rows[r], step_index]  # (states, L)
+        state, column = targets.nonzero(as_tuple=True)
+        b, j = rows[r][state], step_index[state]
+        action = inputs["state_target_ids"][b, j, column]
+        from_rollout = inputs["state_accept"][b, j, column] & (args.behaviour_source == "rollout")
+        own = log_probs[state, column]  # (tokens, V)
+        if "old_topk_ids" in inputs:
+            other_ids = inputs["old_topk_ids"][b, j, column].long()
+            other_logps = inputs["old_topk_logps"][b, j, column]
+            other_action = inputs["old_per_token_logps"][b, j, column]
+        else:  # on-policy: π_old is this forward's distribution
+            top = own.detach().topk(args.divergence_top_k, dim=-1)
+            other_ids, other_logps = top.indices, top.values
+            other_action = own.detach().gather(-1, action.unsqueeze(-1)).squeeze(-1)
+        keep_rollout = from_rollout.unsqueeze(-1)
+        mu_ids = torch.where(keep_rollout, inputs["rollout_topk_ids"][b, j, column].long(), other_ids)
+        mu_logps = torch.where(keep_rollout, inputs["rollout_topk_logps"][b, j, column], other_logps)
+        mu_action = torch.where(from_rollout, inputs["state_rollout_logps"][b, j, column], other_action)
+        pi_support = own.gather(-1, torch.cat([mu_ids, action.unsqueeze(-1)], dim=-1))
+        advantages = inputs["advantages"][b]
+        terms, parts = self.masked_terms(pi_support, mu_ids, mu_logps, action, mu_action, advantages)
+        if call.beta != 0.0:
+            old = inputs["old_per_token_logps"][b, j, column] if "old_per_token_logps" in inputs else None
+            step_kl = corrected_k3_kl(pi_support[..., -1], inputs["ref_per_token_logps"][b, j, column], old,
+                                      args.use_bias_correction_kl)
+            terms = terms + call.beta * step_kl
+            call.kl[b, j, column] = step_kl.detach()
+        parts["from_rollout"] = from_rollout
+        for name, value in parts.items():
+            call.extra[name][b, j, column] = value.detach().to(call.extra[name].dtype)
+        self.record(torch.ones_like(from_rollout), mu_ids=mu_ids, mu_logps=mu_logps, mu_action_logps=mu_action,
+                    pi_support=pi_support, action=action, advantages=advantages, **parts)
+        return (terms * call.normalizer[b, j]).sum()
+
+    def metric_sums(self, inputs, call: LossCall) -> dict:
+        sums = super().metric_sums(inputs, call)
+        sums.update(self.target_mask_metric_sums(inputs, call))
+        return sums

@@ -73,6 +73,23 @@ class TrustRegionTerms:
         parts = {"keep": keep, "div": div, "direction": direction, "log_ratio": log_ratio, "weights": weights}
         return terms, parts
 
+    @staticmethod
+    def mask_buffers(shape, device) -> dict:
+        """Per-target buffers (B, k, G) of the mask quantities (:data:`MASK_PARTS`) that the step terms fill."""
+        return {
+            "keep": torch.ones(shape, dtype=torch.bool, device=device),
+            "div": torch.zeros(shape, device=device),
+            "direction": torch.zeros(shape, device=device),
+            "log_ratio": torch.zeros(shape, device=device),
+            "weights": torch.ones(shape, device=device),
+            "from_rollout": torch.zeros(shape, dtype=torch.bool, device=device),
+        }
+
+    def target_mask_metric_sums(self, inputs, call) -> dict:
+        """:meth:`mask_metric_sums` over the targets of the sampled states of a diffusion batch."""
+        advantages = inputs["advantages"].view(-1, 1, 1).expand(inputs["target_mask"].shape)
+        return self.mask_metric_sums(inputs["target_mask"], advantages, **call.extra)
+
     def record(self, loss_mask, **tensors):
         if self.records is None:
             return
@@ -255,15 +272,7 @@ class DiffusionTrustRegionLoss(TrustRegionTerms, RLDFLoss):
 
     def begin(self, inputs, normalizer, beta, epsilon_low, epsilon_high, count_targets=False) -> LossCall:
         call = super().begin(inputs, normalizer, beta, epsilon_low, epsilon_high, count_targets)
-        shape, device = inputs["target_mask"].shape, inputs["target_mask"].device
-        call.extra = {
-            "keep": torch.ones(shape, dtype=torch.bool, device=device),
-            "div": torch.zeros(shape, device=device),
-            "direction": torch.zeros(shape, device=device),
-            "log_ratio": torch.zeros(shape, device=device),
-            "weights": torch.ones(shape, device=device),
-            "from_rollout": torch.zeros(shape, dtype=torch.bool, device=device),
-        }
+        call.extra = self.mask_buffers(inputs["target_mask"].shape, inputs["target_mask"].device)
         return call
 
     def step_loss(self, model, inputs, j, call: LossCall, scored=None):
@@ -319,6 +328,5 @@ class DiffusionTrustRegionLoss(TrustRegionTerms, RLDFLoss):
 
     def metric_sums(self, inputs, call: LossCall) -> dict:
         sums = super().metric_sums(inputs, call)
-        advantages = inputs["advantages"].view(-1, 1, 1).expand(inputs["target_mask"].shape)
-        sums.update(self.mask_metric_sums(inputs["target_mask"], advantages, **call.extra))
+        sums.update(self.target_mask_metric_sums(inputs, call))
         return sums
