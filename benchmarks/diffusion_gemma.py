@@ -31,6 +31,7 @@ from dllm_trl import RLDFConfig
 from dllm_trl.generation import DiffusionGemmaSampler, DiffusionGemmaSamplerConfig
 from dllm_trl.losses import DiffusionGemmaRLDFLoss
 from dllm_trl.testing import DIFFUSION_GEMMA_26B_A4B_SHAPE, build_tiny_diffusion_gemma
+from gpu_suite import peak_gib, sync
 
 SMALL = dict(vocab_size=8192, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, head_dim=64, sliding_window=64, num_experts=8, top_k_experts=2,
@@ -79,16 +80,12 @@ def build_model(args):
 
 @contextlib.contextmanager
 def timed(device, into: dict):
-    cuda = torch.device(device).type == "cuda"
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-    start = time.perf_counter()
-    yield
-    if cuda:
-        torch.cuda.synchronize()
-    into["seconds"] = time.perf_counter() - start
-    into["peak"] = torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan")
+    """Seconds and peak device memory (GiB, NaN on CPU) of the block, into ``into``."""
+    with peak_gib(device, into):
+        start = time.perf_counter()
+        yield
+        sync(device)
+        into["seconds"] = time.perf_counter() - start
 
 
 def rollout_table(model, args):

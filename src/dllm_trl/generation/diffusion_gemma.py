@@ -48,7 +48,7 @@ import torch
 from transformers import DynamicCache
 
 from ..models.engines import unwrap_model
-from .sampler import NEVER_COMMITTED, DiffusionGenerationOutput
+from .sampler import NEVER_COMMITTED, DiffusionGenerationOutput, completion_mask_to_eos
 from .trajectory import DenoisingSteps
 
 SELF_CONDITIONING_CARRIERS = ("embedding", "logits")
@@ -372,13 +372,10 @@ class DiffusionGemmaSampler:
             last = torch.where(in_canvas, dense, -1).amax(1)
             span = slice(c * length, (c + 1) * length)
             commit_at[:, span] = torch.where((last >= 0).unsqueeze(-1), last.unsqueeze(-1), NEVER_COMMITTED)
-        is_eos = torch.isin(completion, eos)
-        first_eos = torch.where(is_eos.any(1), is_eos.int().argmax(1), cfg.gen_length)
-        completion_mask = (torch.arange(cfg.gen_length, device=device).unsqueeze(0) <= first_eos.unsqueeze(1)).long()
         return DiffusionGenerationOutput(
             sequences=torch.cat([prompt_ids, completion], dim=1),
             completion_ids=completion,
-            completion_mask=completion_mask,
+            completion_mask=completion_mask_to_eos(completion, eos),
             commit_step=commit_at,
             commit_prob=commit_prob,
             topk_ids=None,

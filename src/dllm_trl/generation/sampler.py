@@ -68,6 +68,13 @@ class DiffusionGenerationOutput:
     denoising_steps: DenoisingSteps | None = None
 
 
+def completion_mask_to_eos(completion: torch.Tensor, eos: torch.Tensor) -> torch.Tensor:
+    """(B, G) long: 1 up to and including each row's first EOS (every position when it has none)."""
+    is_eos = torch.isin(completion, eos)
+    first_eos = torch.where(is_eos.any(1), is_eos.int().argmax(1), completion.shape[1])
+    return (torch.arange(completion.shape[1], device=completion.device)[None, :] <= first_eos[:, None]).long()
+
+
 def static_schedule(block_length: int, steps_per_block: int) -> list[int]:
     """Tokens committed at each step of a block: even split, remainder to the first steps."""
     base, extra = divmod(block_length, steps_per_block)
@@ -469,9 +476,7 @@ def _decode(model, input_ids, attention_mask, cfg, generator, step_callback, rou
     if topk:
         topk_ids, topk_logps = topk_ids[:, :gen], topk_logps[:, :gen]
     completion = canvas[:, prompt_len:]
-    is_eos = torch.isin(completion, eos_tensor)
-    first_eos = torch.where(is_eos.any(1), is_eos.int().argmax(1), gen)
-    completion_mask = (torch.arange(gen, device=device)[None, :] <= first_eos[:, None]).long()
+    completion_mask = completion_mask_to_eos(completion, eos_tensor)
     dense_step, num_steps = _dense_step_ranks(commit_step, step)
     return DiffusionGenerationOutput(
         sequences=canvas[:, pad:],

@@ -46,8 +46,8 @@ import torch
 
 from ..generation.diffusion_gemma import is_diffusion_gemma, replay_logits
 from ..models.engines import unwrap_model
-from .rldf import INVALID_STEP, corrected_k3_kl, sample_timesteps
-from .rldf_loss import LossCall, RLDFLoss
+from .rldf import INVALID_STEP, sample_timesteps
+from .rldf_loss import LossCall, RLDFLoss, rollout_entries
 from .trust_region_loss import TrustRegionTerms
 
 DIFFUSION_GEMMA_ESTIMATORS = ("rldf", "sequential")
@@ -146,11 +146,7 @@ class DiffusionGemmaRLDFLoss(RLDFLoss):
         final = output.completion_ids.gather(1, span.flatten(1)).view_as(span)
         accept = record.accept_mask[rows, s] & valid.unsqueeze(-1)
         trajectory = {
-            "rollout_prompt_ids": prompt_ids,
-            "rollout_prompt_mask": prompt_mask,
-            "rollout_ids": output.completion_ids,
-            "commit_step": output.commit_step,
-            "valid_mask": output.completion_mask,
+            **rollout_entries(prompt_ids, prompt_mask, output),
             "sampled_steps": sampled,
             "state_canvas": torch.where(valid, canvas, -1),
             "state_ids": record.state_ids[rows, s],
@@ -348,15 +344,9 @@ class DiffusionGemmaTrustRegionLoss(TrustRegionTerms, DiffusionGemmaRLDFLoss):
         pi_support = own.gather(-1, torch.cat([mu_ids, action.unsqueeze(-1)], dim=-1))
         advantages = inputs["advantages"][b]
         terms, parts = self.masked_terms(pi_support, mu_ids, mu_logps, action, mu_action, advantages)
-        if call.beta != 0.0:
-            old = inputs["old_per_token_logps"][b, j, column] if "old_per_token_logps" in inputs else None
-            step_kl = corrected_k3_kl(pi_support[..., -1], inputs["ref_per_token_logps"][b, j, column], old,
-                                      args.use_bias_correction_kl)
-            terms = terms + call.beta * step_kl
-            call.kl[b, j, column] = step_kl.detach()
         parts["from_rollout"] = from_rollout
-        for name, value in parts.items():
-            call.extra[name][b, j, column] = value.detach().to(call.extra[name].dtype)
+        old = inputs["old_per_token_logps"][b, j, column] if "old_per_token_logps" in inputs else None
+        terms = self.kl_and_parts(call, inputs, (b, j, column), terms, parts, pi_support[..., -1], old)
         self.record(torch.ones_like(from_rollout), mu_ids=mu_ids, mu_logps=mu_logps, mu_action_logps=mu_action,
                     pi_support=pi_support, action=action, advantages=advantages, **parts)
         return (terms * call.normalizer[b, j]).sum()

@@ -45,6 +45,18 @@ TRAJECTORY_KEYS = ("rollout_prompt_ids", "rollout_prompt_mask", "rollout_ids", "
 """Batch keys of the recorded trajectory (plus ``mask_seed``) that travel with TRL's batch."""
 
 
+def rollout_entries(prompt_ids, prompt_mask, output) -> dict:
+    """The batch entries every diffusion loss keeps of a rollout: its prompts, completion, commit steps and valid
+    mask."""
+    return {
+        "rollout_prompt_ids": prompt_ids,
+        "rollout_prompt_mask": prompt_mask,
+        "rollout_ids": output.completion_ids,
+        "commit_step": output.commit_step,
+        "valid_mask": output.completion_mask,
+    }
+
+
 def zero_variance_rows(rewards: torch.Tensor, num_generations: int, reward_weights: torch.Tensor,
                        aggregation: str) -> torch.Tensor:
     """(rows,) bool: the rows of groups whose advantages carry no signal (paper App. C.3).
@@ -156,11 +168,7 @@ class RLDFLoss:
         rows = output.completion_ids.shape[0]
         mask_seed = torch.randint(0, 2**62, (rows,), generator=mask_seed_generator).to(prompt_ids.device)
         trajectory = {
-            "rollout_prompt_ids": prompt_ids,
-            "rollout_prompt_mask": prompt_mask,
-            "rollout_ids": output.completion_ids,
-            "commit_step": output.commit_step,
-            "valid_mask": output.completion_mask,
+            **rollout_entries(prompt_ids, prompt_mask, output),
             "sampled_steps": estimator_steps(
                 args.policy_estimator, sampled, output.completion_mask, mask_seed, args.complementary_masking
             ),

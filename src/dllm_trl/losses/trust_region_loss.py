@@ -90,6 +90,18 @@ class TrustRegionTerms:
         advantages = inputs["advantages"].view(-1, 1, 1).expand(inputs["target_mask"].shape)
         return self.mask_metric_sums(inputs["target_mask"], advantages, **call.extra)
 
+    def kl_and_parts(self, call, inputs, at, terms, parts, action_logps, old_logps):
+        """``terms`` plus ``β`` · k3 KL to the reference at the target positions ``at`` = (rows, steps, columns), with
+        the KL and the mask ``parts`` stored in ``call`` for the metrics."""
+        if call.beta != 0.0:
+            step_kl = corrected_k3_kl(action_logps, inputs["ref_per_token_logps"][at], old_logps,
+                                      self.args.use_bias_correction_kl)
+            terms = terms + call.beta * step_kl
+            call.kl[at] = step_kl.detach()
+        for name, value in parts.items():
+            call.extra[name][at] = value.detach().to(call.extra[name].dtype)
+        return terms
+
     def record(self, loss_mask, **tensors):
         if self.records is None:
             return
@@ -311,15 +323,9 @@ class DiffusionTrustRegionLoss(TrustRegionTerms, RLDFLoss):
         mu_action = torch.where(from_rollout, roll_action, other_action)
         advantages = inputs["advantages"][rows]
         terms, parts = self.masked_terms(pi_support, mu_ids, mu_logps, action, mu_action, advantages)
-        if call.beta != 0.0:
-            old = inputs["old_per_token_logps"][rows, j, columns] if has_old else None
-            step_kl = corrected_k3_kl(view.raw_action, inputs["ref_per_token_logps"][rows, j, columns], old,
-                                      args.use_bias_correction_kl)
-            terms = terms + call.beta * step_kl
-            call.kl[rows, j, columns] = step_kl.detach()
         parts["from_rollout"] = from_rollout
-        for name, value in parts.items():
-            call.extra[name][rows, j, columns] = value.detach().to(call.extra[name].dtype)
+        old = inputs["old_per_token_logps"][rows, j, columns] if has_old else None
+        terms = self.kl_and_parts(call, inputs, (rows, j, columns), terms, parts, view.raw_action, old)
         self.record(
             torch.ones_like(from_rollout), mu_ids=mu_ids, mu_logps=mu_logps, mu_action_logps=mu_action,
             pi_support=pi_support, action=action, advantages=advantages, **parts,
