@@ -196,17 +196,20 @@ def tiny_diffusion_gemma_config(
     num_attention_heads: int = 2, num_key_value_heads: int = 1, head_dim: int = 16, sliding_window: int = 8,
     num_experts: int = 4, top_k_experts: int = 2, moe_intermediate_size: int = 16, canvas_length: int = 8,
     eos_token_id: int = 1, pad_token_id: int = 0, bos_token_id: int = 2, max_position_embeddings: int = 1024,
-    **_: object,
+    global_head_dim: int | None = None, num_global_key_value_heads: int | None = None, **_: object,
 ) -> DiffusionGemmaConfig:
-    """A small ``DiffusionGemmaConfig``: sliding and full attention layers (the last one full), MoE next to the dense
-    MLP as in the 26B-A4B model, a canvas of ``canvas_length`` tokens, and a one-layer vision tower of a few thousand
-    weights (``vision_config=None`` would build Gemma 4's full 167M-weight tower). The image / begin- / end-of-image
-    ids are the vocabulary's last three."""
-    layer_types = ["sliding_attention"] * (num_hidden_layers - 1) + ["full_attention"]
+    """A small ``DiffusionGemmaConfig``: five sliding-window layers per full-attention one (the last layer full), MoE
+    next to the dense MLP as in the 26B-A4B model, a canvas of ``canvas_length`` tokens, and a one-layer vision tower
+    of a few thousand weights (``vision_config=None`` would build Gemma 4's full 167M-weight tower). The image / begin- / end-of-image
+    ids are the vocabulary's last three. ``global_head_dim`` / ``num_global_key_value_heads``: the full-attention
+    layers' own head size and KV heads (default: the sliding layers')."""
+    layer_types = (["sliding_attention"] * 5 + ["full_attention"]) * (num_hidden_layers // 6) + (
+        ["sliding_attention"] * (num_hidden_layers % 6 - 1) + ["full_attention"] if num_hidden_layers % 6 else [])
     text = DiffusionGemmaTextConfig(
         vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
         num_hidden_layers=num_hidden_layers, num_attention_heads=num_attention_heads,
-        num_key_value_heads=num_key_value_heads, head_dim=head_dim, global_head_dim=head_dim,
+        num_key_value_heads=num_key_value_heads, head_dim=head_dim, global_head_dim=global_head_dim or head_dim,
+        num_global_key_value_heads=num_global_key_value_heads,
         sliding_window=sliding_window, layer_types=layer_types, num_experts=num_experts, top_k_experts=top_k_experts,
         moe_intermediate_size=moe_intermediate_size, max_position_embeddings=max_position_embeddings,
         eos_token_id=eos_token_id, pad_token_id=pad_token_id, bos_token_id=bos_token_id,
