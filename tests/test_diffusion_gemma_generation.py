@@ -145,6 +145,13 @@ def test_replayed_steps_reproduce_the_recorded_distribution(carrier):
     torch.testing.assert_close(logps[accept], record.accepted_logps[r, s][accept], atol=2e-5, rtol=1e-5)
     # The accept set is a function of the logits: the replay's equals the rollout's.
     assert torch.equal(entropy_bound_accept(scaled, 0.5), accept)
+    if carrier == "logits":  # the next step's self-conditioning input is this step's tempered logits: all of them
+        last = record.canvas.numel() - 1
+        after = (s + 1).clamp(max=last)
+        following = (s < last) & (record.canvas[after] == record.canvas[s]) & record.active[r, after]
+        assert following.any()
+        torch.testing.assert_close(scaled[following], record.self_conditioning[r[following], after[following]],
+                                   atol=1e-4, rtol=1e-5)
 
 
 def test_sampler_refuses_partial_canvases_and_other_models():
