@@ -74,9 +74,10 @@ def reference_logits(model, prompt, completion, canvas, state, sc_logits):
                  self_conditioning_logits=None if sc_logits is None else sc_logits.unsqueeze(0)).logits[0]
 
 
-def reference_loss(model, ref_model, args, ids, mask, output, exact, sampled, advantages):
+def reference_loss(model, ref_model, args, ids, mask, output, exact, sampled, advantages, old_model=None):
     """Σ over rows and sampled steps of the per-token terms, from the formulas, with ``exact``'s self-conditioning
-    logits (a ``"logits"``-carrier rollout of the same trajectory)."""
+    logits (a ``"logits"``-carrier rollout of the same trajectory); PPO's clipped ratio against ``old_model`` when
+    given (which then also fixes the clean targets), REINFORCE otherwise."""
     record, logits_record = output.denoising_steps, exact.denoising_steps
     rows = ids.shape[0]
     total = 0.0
@@ -93,11 +94,20 @@ def reference_loss(model, ref_model, args, ids, mask, output, exact, sampled, ad
             final = output.completion_ids[b, c * CANVAS : (c + 1) * CANVAS]
             target = torch.where(accept, record.accepted_ids[b, s], final)
             token_logps = logps.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+            old = token_logps.detach()
+            if old_model is not None:
+                with torch.no_grad():
+                    old = (reference_logits(old_model, prompt, output.completion_ids[b], c, state, sc)
+                           / temperature).log_softmax(-1).gather(-1, target.unsqueeze(-1)).squeeze(-1)
             targets = accept.clone()
             if args.policy_estimator == "rldf":
                 valid = output.completion_mask[b, c * CANVAS : (c + 1) * CANVAS].bool()
-                targets |= valid & (token_logps.detach().exp() >= args.clean_target_threshold)
-            terms = -advantages[b] * token_logps
+                targets |= valid & (old.exp() >= args.clean_target_threshold)
+            if old_model is None:
+                terms = -advantages[b] * token_logps
+            else:
+                ratio = (token_logps - old).exp()
+                terms = -torch.min(ratio * advantages[b], ratio.clamp(0.8, 1.2) * advantages[b])
             if args.beta:
                 with torch.no_grad():
                     ref = (reference_logits(ref_model, prompt, output.completion_ids[b], c, state, sc)
@@ -108,11 +118,13 @@ def reference_loss(model, ref_model, args, ids, mask, output, exact, sampled, ad
     return total
 
 
-def loss_under_test(loss, model, ref_model, ids, mask, output, advantages):
+def loss_under_test(loss, model, ref_model, ids, mask, output, advantages, old_model=None):
     trajectory, _ = loss.sample_states(ids, mask, output, torch.Generator().manual_seed(7), None)
     batch = dict(trajectory, advantages=advantages)
     with torch.no_grad():
-        old = loss.score_states(model, batch)
+        old = loss.score_states(model if old_model is None else old_model, batch)
+        if old_model is not None:
+            batch["old_per_token_logps"] = old
         if loss.args.beta:
             batch["ref_per_token_logps"] = loss.score_states(ref_model, batch)
     batch["target_mask"] = loss.target_mask(batch, old if loss.targets_need_old_policy else None, None)
@@ -174,6 +186,30 @@ def test_loss_and_gradients_equal_brute_force(carrier, estimator):
     assert ours.keys() == theirs.keys()
     for name in ours:
         assert_close_to_scale(ours[name], theirs[name], name)
+
+
+def test_ppo_loss_and_gradients_equal_brute_force():
+    """PPO (``num_iterations > 1``): the ratio to a π_old that differs from the policy, clipped at 1 ± 0.2, with the
+    clean targets read from π_old."""
+    model = make_model()
+    old_model = reference_model(model)
+    args = make_args("rldf", beta=0.05)
+    ids, mask, output = rollout(model, "logits")
+    advantages = torch.tensor([1.0, -0.5, 0.25])
+    loss = DiffusionGemmaRLDFLoss(args)
+    model.zero_grad()
+    value, batch = loss_under_test(loss, model, old_model, ids, mask, output, advantages, old_model=old_model)
+    value.backward()
+    ours = grads(model)
+    ratio = (loss.score_states(model, batch) - batch["old_per_token_logps"]).exp()[batch["target_mask"]]
+    assert ((ratio < 0.8) | (ratio > 1.2)).any()  # clipping is exercised
+    model.zero_grad()
+    expected = reference_loss(model, old_model, args, ids, mask, output, output, batch["sampled_steps"], advantages,
+                              old_model=old_model)
+    expected.backward()
+    torch.testing.assert_close(value, expected, atol=2e-6, rtol=1e-5)
+    for name, grad in grads(model).items():
+        assert_close_to_scale(ours[name], grad, name)
 
 
 def test_weighted_timesteps_come_from_accepted_log_probs():
