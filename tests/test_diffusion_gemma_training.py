@@ -420,6 +420,13 @@ def test_masked_diffusion_settings_are_refused_early():
         RLDFLoss(toy_args()).check_model(model)
 
 
+def test_several_processes_are_refused(monkeypatch):
+    model, _ = toy_model()
+    monkeypatch.setattr(RLDFConfig, "world_size", property(lambda self: 2))
+    with pytest.raises(ValueError, match=r"one process for now \(world_size=2\)"):
+        DiffusionGemmaRLDFLoss(toy_args()).check_model(model)
+
+
 def make_masked_llada():
     from dllm_trl.testing import build_tiny_llada
 

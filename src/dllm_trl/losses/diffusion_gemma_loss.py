@@ -122,6 +122,13 @@ class DiffusionGemmaRLDFLoss(RLDFLoss):
                              "Use RLDFLoss for masked-diffusion models.")
         check_no_mask_token(model)
         check_diffusion_gemma_args(self.args, model)
+        if getattr(self.args, "world_size", 1) > 1:
+            raise ValueError(
+                f"{type(self).__name__} runs in one process for now (world_size={self.args.world_size}): the sampler and "
+                "the replay call DiffusionGemma's encoder and decoder modules directly, outside the engine's forward, so "
+                "DDP would not synchronise their gradients and FSDP2 / ZeRO-3 would not gather their weights. Launch "
+                "one process."
+            )
 
     def sample_states(self, prompt_ids, prompt_mask, output, generator, mask_seed_generator):
         """The batch's trajectory: the rollout's completion and, for ``k`` steps per row drawn by their uncertainty
