@@ -212,6 +212,25 @@ def test_ppo_loss_and_gradients_equal_brute_force():
         assert_close_to_scale(ours[name], grad, name)
 
 
+def test_one_state_per_forward_gives_the_same_loss_and_gradients():
+    model = make_model()
+    ids, mask, output = rollout(model, "embedding")
+    advantages = torch.tensor([1.0, -0.5, 0.25])
+    results = []
+    for width in (None, 1):
+        loss = DiffusionGemmaRLDFLoss(make_args("rldf", beta=0.0), states_per_forward=width)
+        model.zero_grad()
+        value, batch = loss_under_test(loss, model, None, ids, mask, output, advantages)
+        value.backward()
+        steps = (batch["sampled_steps"] >= 0).any(0).nonzero().squeeze(1).tolist()
+        assert len(loss.loss_chunks(model, batch, steps)) == (1 if width is None else len(steps))
+        results.append((value.detach(), grads(model)))
+    (one, ours), (split, theirs) = results
+    torch.testing.assert_close(split, one, atol=1e-6, rtol=1e-5)
+    for name in ours:
+        assert_close_to_scale(theirs[name], ours[name], name)
+
+
 def test_weighted_timesteps_come_from_accepted_log_probs():
     model = make_model()
     ids, mask, output = rollout(model, "embedding")

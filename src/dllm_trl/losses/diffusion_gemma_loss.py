@@ -20,7 +20,8 @@ once per step. :class:`DiffusionGemmaRLDFLoss` builds RLDF on it:
 * **Scoring**: the states of a micro-batch are replayed in one call (:func:`~dllm_trl.generation.diffusion_gemma.
   replay_logits`): the encoder runs over prompt and finished canvases chunk by chunk as in the rollout (with gradient:
   encoder and decoder share weights), each state's decoder call reads the cache up to its canvas. All sampled steps of
-  a micro-batch form one forward (one backward), as the encoder cache is shared by them.
+  a micro-batch form one forward (one backward), as the encoder cache is shared by them, unless
+  ``states_per_forward`` splits them (memory: each forward holds its states' full-vocabulary logits).
 
 Approximations (everything else is the rollout's own computation):
 
@@ -105,12 +106,22 @@ def check_no_mask_token(model) -> None:
 
 class DiffusionGemmaRLDFLoss(RLDFLoss):
     """RLDF on DiffusionGemma's recorded denoising steps (module docstring). Pass ``loss=DiffusionGemmaRLDFLoss(args)``
-    with ``sampler=DiffusionGemmaSampler(...)`` to :class:`~dllm_trl.RLDFTrainer`."""
+    with ``sampler=DiffusionGemmaSampler(...)`` to :class:`~dllm_trl.RLDFTrainer`. ``states_per_forward``: sampled
+    steps per loss forward (None: all of a micro-batch's in one, sharing one encoder pass)."""
 
     packs_block_states = False
     targets_from_loss_forward = False
     """The clean targets are fixed by a no-grad π_old pass over the sampled states before the loss."""
     supported_estimators = DIFFUSION_GEMMA_ESTIMATORS
+
+    def __init__(self, args, states_per_forward: int | None = None):
+        super().__init__(args)
+        if states_per_forward is not None and states_per_forward < 1:
+            raise ValueError(f"states_per_forward={states_per_forward} must be ≥ 1 (or None: all sampled steps in one).")
+        # A forward holds the float32 logits of its states, (rows × steps, L, V): 268 MB per state at L = 256,
+        # V = 262 144, about three times that with the log-softmax and its gradient. Fewer steps per forward bound it,
+        # at the cost of one encoder pass per forward.
+        self.states_per_forward = states_per_forward
 
     # -------------------------------------------------------------------------------------------- rollout side
     def prepare_model(self, model) -> None:
@@ -231,8 +242,11 @@ class DiffusionGemmaRLDFLoss(RLDFLoss):
 
     # ------------------------------------------------------------------------------------------------- loss
     def loss_chunks(self, model, inputs, steps: list[int]) -> list[list[int]]:
-        """One forward for all sampled steps: the encoder cache of the prompt and the canvases serves them all."""
-        return [steps] if steps else []
+        """The sampled steps grouped into forwards (each followed by its backward under per-step backward): all in one
+        by default, where one encoder pass over the prompt and the canvases serves them all; ``states_per_forward``
+        steps per forward otherwise (each forward encodes again, and holds only its states' logits)."""
+        width = self.states_per_forward or len(steps)
+        return [steps[i : i + width] for i in range(0, len(steps), width)] if steps else []
 
     def chunk_loss(self, model, inputs, steps, call):
         sampled = inputs["sampled_steps"]
@@ -270,8 +284,8 @@ class DiffusionGemmaTrustRegionLoss(TrustRegionTerms, DiffusionGemmaRLDFLoss):
 
     logs_ppo_terms = False
 
-    def __init__(self, args, vocab_size: int):
-        DiffusionGemmaRLDFLoss.__init__(self, args)
+    def __init__(self, args, vocab_size: int, states_per_forward: int | None = None):
+        DiffusionGemmaRLDFLoss.__init__(self, args, states_per_forward)
         TrustRegionTerms.__init__(self, args, vocab_size, 1.0)  # π_θ is tempered per step (T_n), not by args
 
     @property
