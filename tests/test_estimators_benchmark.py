@@ -113,7 +113,7 @@ def test_sudoku_quick_mode_writes_the_result_fields(estimators, tmp_path):
         if run["name"] == "sequential" and run["states_per_completion"] > 0:
             assert run["target_tokens_per_state"] == 1.0  # x_{t−1}: the one cell committed at t
 
-    (pair,) = saved["paired"]  # only rldf and sequential ran: one pair of paper 1's ordering
+    (pair,) = saved["paired"]  # only rldf and sequential ran: one neighbouring pair
     rldf, seq = runs["rldf", 0, chosen["rldf"]], runs["sequential", 0, chosen["sequential"]]
     assert (pair["a"], pair["b"], pair["seeds"]) == ("rldf", "sequential", [0])
     assert pair["solve_rate"]["per_seed"] == pytest.approx([rldf["accuracy"] - seq["accuracy"]])

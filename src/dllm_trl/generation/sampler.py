@@ -146,9 +146,7 @@ def _draw_candidates(logits, mask_token_id, temperature, top_p, top_k, sampling,
         top, candidate = logits.max(-1)
         confidence = logits.sub_(top.unsqueeze(-1)).exp_().sum(-1).reciprocal()  # softmax at the argmax
         return candidate, confidence, None
-    if temperature > 0:
-        logits = _truncate_logits(logits.div_(temperature), top_k, top_p, min_p)  # ours to overwrite
-    log_probs = torch.log_softmax(logits, dim=-1)
+    log_probs = _sampling_log_probs(logits, mask_token_id, temperature, top_p, top_k, min_p)
     if temperature == 0:
         candidate = log_probs.argmax(-1)
     elif sampling == "gumbel":
@@ -161,6 +159,22 @@ def _draw_candidates(logits, mask_token_id, temperature, top_p, top_k, sampling,
         candidate = torch.multinomial(flat, 1, generator=generator).view(log_probs.shape[:-1])
     confidence = log_probs.gather(-1, candidate.unsqueeze(-1)).squeeze(-1).exp()
     return candidate, confidence, log_probs
+
+
+def sampling_log_probs(logits: torch.Tensor, mask_token_id: int, temperature: float, top_p: float | None = None,
+                       top_k: int | None = None, min_p: float | None = None) -> torch.Tensor:
+    """Log-probabilities (..., V), float32, of the distribution the sampler draws a candidate from at ``logits``:
+    the mask token excluded, then temperature and top-k / top-p / min-p truncation (plain softmax at temperature 0).
+    What ``commit_prob`` records for the committed token; ``logits`` is not modified."""
+    return _sampling_log_probs(logits.to(torch.float32, copy=True), mask_token_id, temperature, top_p, top_k, min_p)
+
+
+def _sampling_log_probs(logits, mask_token_id, temperature, top_p, top_k, min_p):
+    """:func:`sampling_log_probs` on float32 ``logits`` that it may overwrite."""
+    logits[..., mask_token_id] = float("-inf")
+    if temperature > 0:
+        logits = _truncate_logits(logits.div_(temperature), top_k, top_p, min_p)
+    return torch.log_softmax(logits, dim=-1)
 
 
 def _block_window(cache_mode: str, start: int, end: int, total: int, shift: int) -> slice | None:

@@ -10,7 +10,9 @@ through the trainer's class.
 Batch keys it reads (all aligned by row): ``rollout_prompt_ids`` / ``rollout_prompt_mask`` (B, P), ``rollout_ids``,
 ``commit_step``, ``valid_mask`` (B, G), ``sampled_steps`` (B, k), ``mask_seed`` (B,), ``advantages`` (B,), and after
 target selection ``target_mask`` (B, k, G) (+ ``target_weight`` for random masking, ``targets_pending`` when the loss
-forward fixes the targets).
+forward fixes the targets). The rollout's record ``rollout_commit_prob`` (B, G) and the old-policy pass's
+``old_sampling_logps`` (B, k, G) give the ``sampling/*`` mismatch metrics, and ``importance_sampling_ratio`` (B, k, G)
+TRL's correction (:mod:`dllm_trl.losses.rollout_mismatch`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,14 @@ from .estimators import (
     estimator_targets,
 )
 from .packed_states import pack_sampled_states, packed_read_positions, states_per_forward
+from .rollout_mismatch import (
+    REPLAYING_ESTIMATORS,
+    importance_sampling_ratio,
+    mismatch_metrics,
+    record_logps,
+    recorded_targets,
+    sampling_logps_view,
+)
 from .rldf import (
     INVALID_STEP,
     clean_target_mask,
@@ -88,7 +98,9 @@ def _flat(values: torch.Tensor, dim: int) -> torch.Tensor:
 class LossCall:
     """What the sampled steps of one loss call share: the per-(row, step) ``normalizer``, the trainer's current
     ``beta`` / clipping range, and buffers the step terms fill for the metrics (``kl``, ``ratio``, ``entropy``,
-    (B, k, G)). ``count_targets``: add the targets fixed by the loss forward to ``new_target_count``."""
+    (B, k, G)). ``count_targets``: add the targets fixed by the loss forward to ``new_target_count``.
+    ``sampling_logps`` / ``sampling_scored`` (B, k, G): the sampler-consistent ``log π_old`` the loss forward read at
+    the recorded targets (when no old-policy pass brought it), for the ``sampling/*`` metrics."""
 
     normalizer: torch.Tensor
     beta: float
@@ -100,6 +112,8 @@ class LossCall:
     count_targets: bool = False
     new_target_count: torch.Tensor | int = 0
     extra: dict = field(default_factory=dict)
+    sampling_logps: torch.Tensor | None = None
+    sampling_scored: torch.Tensor | None = None
 
 
 class RLDFLoss:
@@ -118,6 +132,8 @@ class RLDFLoss:
     supported_estimators = ESTIMATORS
     logs_ppo_terms = True
     """The per-token terms are PPO/REINFORCE ones: entropy and clipping metrics are logged."""
+    sampling_logps_key = "old_sampling_logps"
+    """Batch key of the old-policy pass's sampler-consistent ``log π_old`` at the recorded targets (B, k, G)."""
 
     def __init__(self, args):
         self.args = args
@@ -151,6 +167,12 @@ class RLDFLoss:
                 f"policy_estimator={estimator!r} has no block-diffusion form (its states mask every block at once, "
                 f"which a block-diffusion model never decodes from); use one of ('rldf', 'sequential')."
             )
+        if self.args.rollout_importance_sampling_correction and diffusion_block_size(model) is not None:
+            raise ValueError(
+                "rollout_importance_sampling_correction=True corrects the approximation of a bidirectional model's "
+                "prefix / dual cache; a block-diffusion model's cache of finished blocks is exact (the ratio is 1 up "
+                "to float rounding), so there is nothing to correct. Leave it False."
+            )
 
     def sample_states(self, prompt_ids, prompt_mask, output, generator, mask_seed_generator):
         """The trajectory the batch carries: the rollout's record plus the states the loss will score — the
@@ -174,9 +196,9 @@ class RLDFLoss:
             ),
             "mask_seed": mask_seed,
         }
+        trajectory["rollout_commit_prob"] = output.commit_prob  # μ(a), against which the mismatch is measured
         if output.topk_ids is not None:  # the behaviour distribution, when the loss asked for it (record_topk)
-            trajectory.update(rollout_topk_ids=output.topk_ids, rollout_topk_logps=output.topk_logps,
-                              rollout_commit_prob=output.commit_prob)
+            trajectory.update(rollout_topk_ids=output.topk_ids, rollout_topk_logps=output.topk_logps)
         return trajectory, (sampled_weight.sum(), float(sampled_weight.numel()))
 
     # ------------------------------------------------------------------------------------------------ states
@@ -252,17 +274,36 @@ class RLDFLoss:
         return self.packs_block_states and diffusion_block_size(model) is not None
 
     def score_for_policy_pass(self, model, batch, batch_size=None, old_pass=False):
-        """TRL's reference / old-policy passes: ``(log-probs (B, k, G), extra batch entries)``."""
+        """TRL's reference / old-policy passes: ``(log-probs (B, k, G), extra batch entries)``. The old-policy pass
+        also reads the sampler-consistent ``log π_old`` at the recorded targets (``sampling_logps_key``) from the same
+        forwards: the training side of the rollout–training mismatch."""
         with torch.no_grad():
+            if old_pass and self.measures_mismatch(batch):
+                logps, sampling = self.score_states(model, batch, batch_size=batch_size, with_sampling=True)
+                return logps, {self.sampling_logps_key: sampling}
             return self.score_states(model, batch, batch_size=batch_size), {}
 
-    def score_states(self, model, batch, step_index=None, batch_size=None):
-        """(B, k, G) log-probs of ``rollout_ids`` at each sampled state at its candidates (zeros elsewhere)."""
+    def measures_mismatch(self, batch) -> bool:
+        """Whether the batch's sampled states replay its rollout and carry the record ``μ(a)``
+        (:mod:`dllm_trl.losses.rollout_mismatch`)."""
+        return self.args.policy_estimator in REPLAYING_ESTIMATORS and "rollout_commit_prob" in batch
+
+    def _sampling_view(self, model, at, targets):
+        """:func:`sampling_logps_view` with the sampler settings of ``args`` (those of the trainer's sampler)."""
+        cfg = self.args.diffusion_generation_config()
+        return sampling_logps_view(at, targets, diffusion_config(model).mask_token_id, cfg.temperature, cfg.top_p,
+                                   cfg.top_k, cfg.min_p)
+
+    def score_states(self, model, batch, step_index=None, batch_size=None, with_sampling=False):
+        """(B, k, G) log-probs of ``rollout_ids`` at each sampled state at its candidates (zeros elsewhere); with
+        ``with_sampling`` also the sampler-consistent log-probs at the recorded targets (B, k, G), same forwards."""
         if step_index is None and self._packs(model):
-            return self._packed_scores(model, batch, batch_size)
+            return self._packed_scores(model, batch, batch_size, with_sampling)
         sampled = batch["sampled_steps"]
         rows, k = sampled.shape
         out = torch.zeros(rows, k, batch["rollout_ids"].shape[1], device=sampled.device)
+        sampling = torch.zeros_like(out) if with_sampling else None
+        recorded = self.recorded_targets(batch) if with_sampling else None
         mask_id = diffusion_config(model).mask_token_id
         chunk = batch_size or rows
         for j in range(k) if step_index is None else [step_index]:
@@ -270,10 +311,24 @@ class RLDFLoss:
             for part in active.split(chunk) if active.numel() else ():
                 prompt_ids, prompt_mask, state = self.state_inputs(batch, part, j, mask_id)
                 read = self.state_candidates(batch, part, j, diffusion_block_size(model))
-                out[part, j] = completion_token_logps(
-                    model, prompt_ids, prompt_mask, state, batch["rollout_ids"][part], read_mask=read
-                )
-        return out
+                ids = batch["rollout_ids"][part]
+                view = None if sampling is None else self._sampling_view_at(model, read, recorded[part, j], ids)
+                values = completion_token_logps(model, prompt_ids, prompt_mask, state, ids, read_mask=read,
+                                                extra_view=view)
+                if sampling is None:
+                    out[part, j] = values
+                else:
+                    out[part, j], sampling[part, j] = values
+        return out if sampling is None else (out, sampling)
+
+    def recorded_targets(self, batch) -> torch.Tensor:
+        """(B, k, G): the tokens each sampled state's rollout step committed (:func:`recorded_targets`)."""
+        return recorded_targets(batch["commit_step"], batch["valid_mask"], batch["sampled_steps"])
+
+    def _sampling_view_at(self, model, read, recorded, ids):
+        """The sampling view of a forward that reads ``read`` (rows, G) of ``ids``, at the ``recorded`` positions."""
+        rows, columns = read.nonzero(as_tuple=True)
+        return self._sampling_view(model, recorded[rows, columns], ids[rows, columns])
 
     def loss_chunks(self, model, inputs, steps: list[int]) -> list[list[int]]:
         """The sampled-step indices grouped into forwards (each followed by its backward under per-step backward):
@@ -286,11 +341,13 @@ class RLDFLoss:
         )
         return [steps[i : i + width] for i in range(0, len(steps), width)]
 
-    def packed_state_logps(self, model, batch, rows, steps, read, with_entropy=False, entropy_grad=True, call=None):
+    def packed_state_logps(self, model, batch, rows, steps, read, with_entropy=False, entropy_grad=True, call=None,
+                           sampling_at=None):
         """``log π(o_i | q, o_t)`` (len(rows), len(steps), G) at ``read`` for the sampled steps ``steps`` of
         ``rows``: one forward over the prompt, the clean completion and each state's noisy block (SPEC §7).
         ``with_entropy``: also the entropy there (without gradient unless ``entropy_grad``). ``call``: the loss call
-        the forward belongs to (None in the scoring passes), for :meth:`observe_loss_forward`."""
+        the forward belongs to (None in the scoring passes), for :meth:`observe_loss_forward`. ``sampling_at``
+        (like ``read``): also the sampler-consistent log-probs there, returned last."""
         config = diffusion_config(model)
         shift = 1 if getattr(config, "diffusion_logit_shift", False) else 0
         rollout_ids = batch["rollout_ids"][rows]
@@ -303,14 +360,16 @@ class RLDFLoss:
         observed = contextlib.nullcontext() if call is None else self.observe_loss_forward(
             model, batch, rows, steps, packed, read, call
         )
+        targets = rollout_ids[index[0], index[2]]
+        view = None if sampling_at is None else self._sampling_view(model, sampling_at[index], targets)
         with observed:
             values = chunked_token_logps_at(
-                model, read_rows, read_columns, rollout_ids[index[0], index[2]], with_entropy=with_entropy,
-                entropy_grad=entropy_grad,
+                model, read_rows, read_columns, targets, with_entropy=with_entropy, entropy_grad=entropy_grad,
+                extra_view=view,
                 input_ids=packed.input_ids, attention_mask=packed.attention_mask, position_ids=packed.position_ids,
             )
         scatter = lambda v: torch.zeros(read.shape, dtype=v.dtype, device=v.device).index_put(index, v)  # noqa: E731
-        return tuple(scatter(v) for v in values) if with_entropy else scatter(values)
+        return tuple(scatter(v) for v in values) if isinstance(values, tuple) else scatter(values)
 
     def observe_loss_forward(self, model, batch, rows, steps, packed, read, call: LossCall):
         """A context entered around each packed loss forward (``packed``: its layout; ``read`` (len(rows), len(steps),
@@ -318,19 +377,26 @@ class RLDFLoss:
         (:class:`~dllm_trl.losses.RoutingDriftMixin`: the experts each token is routed to). Nothing here."""
         return contextlib.nullcontext()
 
-    def _packed_scores(self, model, batch, batch_size=None):
+    def _packed_scores(self, model, batch, batch_size=None, with_sampling=False):
         sampled = batch["sampled_steps"]
         rows, k = sampled.shape
         out = torch.zeros(rows, k, batch["rollout_ids"].shape[1], device=sampled.device)
+        sampling = torch.zeros_like(out) if with_sampling else None
+        recorded = self.recorded_targets(batch) if with_sampling else None
         every = torch.arange(rows, device=sampled.device)
         block_size = diffusion_block_size(model)
         read = torch.stack([self.state_candidates(batch, every, j, block_size) for j in range(k)], dim=1)
         live = (sampled != INVALID_STEP).any(1).nonzero().squeeze(1)
         for part in live.split(batch_size or rows) if live.numel() else ():
             for steps in self.loss_chunks(model, batch, list(range(k))):
-                logps = self.packed_state_logps(model, batch, part, steps, read[part][:, steps])
-                out[part.unsqueeze(1), torch.tensor(steps, device=part.device)] = logps
-        return out
+                at = (part.unsqueeze(1), torch.tensor(steps, device=part.device))
+                values = self.packed_state_logps(model, batch, part, steps, read[part][:, steps],
+                                                 sampling_at=None if sampling is None else recorded[at])
+                if sampling is None:
+                    out[at] = values
+                else:
+                    out[at], sampling[at] = values
+        return out if sampling is None else (out, sampling)
 
     # ------------------------------------------------------------------------------------------------ loss
     def begin(self, inputs, normalizer, beta, epsilon_low, epsilon_high, count_targets=False) -> LossCall:
@@ -338,7 +404,12 @@ class RLDFLoss:
         shape = inputs["target_mask"].shape
         kl = torch.zeros(shape, device=inputs["target_mask"].device)
         entropy = torch.zeros_like(kl) if self.logs_ppo_terms else None
-        return LossCall(normalizer, beta, epsilon_low, epsilon_high, kl, torch.ones_like(kl), entropy, count_targets)
+        call = LossCall(normalizer, beta, epsilon_low, epsilon_high, kl, torch.ones_like(kl), entropy, count_targets)
+        if self.measures_mismatch(inputs) and self.sampling_logps_key not in inputs:
+            # No old-policy pass: the loss forward is π_old's (on-policy), so the mismatch is read from it.
+            call.sampling_logps = torch.zeros_like(kl)
+            call.sampling_scored = torch.zeros(shape, dtype=torch.bool, device=kl.device)
+        return call
 
     def normalizer(self, inputs, accumulation: int, share: float) -> torch.Tensor:
         """Per-(row, step) weight of a target token's term, so that summing gives Eq. 10 / Eq. 13.
@@ -367,9 +438,15 @@ class RLDFLoss:
             return self.step_loss(model, inputs, j, call)
         sampled = inputs["sampled_steps"]
         rows = (sampled[:, steps] != INVALID_STEP).any(1).nonzero().squeeze(1)
-        logps, entropy = self.packed_state_logps(model, inputs, rows, steps, inputs["target_mask"][rows][:, steps],
-                                                 with_entropy=True, entropy_grad=self.args.entropy_coef != 0.0,
-                                                 call=call)
+        at = (rows.unsqueeze(1), torch.tensor(steps, device=rows.device))
+        read = inputs["target_mask"][at]
+        measured = None if call.sampling_logps is None else self.recorded_targets(inputs)[at] & read
+        values = self.packed_state_logps(model, inputs, rows, steps, read, with_entropy=True,
+                                         entropy_grad=self.args.entropy_coef != 0.0, call=call, sampling_at=measured)
+        logps, entropy = values[:2]
+        if measured is not None:
+            call.sampling_logps[at] = torch.where(measured, values[2], call.sampling_logps[at])
+            call.sampling_scored[at] |= measured
         where = torch.full((sampled.shape[0],), -1, dtype=torch.long, device=rows.device)
         where[rows] = torch.arange(rows.numel(), device=rows.device)
         loss = 0.0
@@ -389,9 +466,15 @@ class RLDFLoss:
         if scored is None:
             mask_id = diffusion_config(model).mask_token_id
             prompt_ids, prompt_mask, state = self.state_inputs(inputs, active, j, mask_id)
-            scored = completion_token_logps(model, prompt_ids, prompt_mask, state, inputs["rollout_ids"][active],
-                                            read_mask=read, with_entropy=True, entropy_grad=args.entropy_coef != 0.0)
-        logps, entropy = scored
+            ids = inputs["rollout_ids"][active]
+            measured = None if call.sampling_logps is None else self.recorded_targets(inputs)[active, j] & read
+            view = None if measured is None else self._sampling_view_at(model, read, measured, ids)
+            scored = completion_token_logps(model, prompt_ids, prompt_mask, state, ids, read_mask=read,
+                                            with_entropy=True, entropy_grad=args.entropy_coef != 0.0, extra_view=view)
+            if measured is not None:
+                call.sampling_logps[active, j] = scored[2]
+                call.sampling_scored[active, j] = measured
+        logps, entropy = scored[:2]
         targets = read
         if "targets_pending" in inputs:  # on-policy: Ô_t from this very forward (π_θ = π_old, detached)
             targets = read & clean_target_mask(inputs["commit_step"][active], inputs["valid_mask"][active],
@@ -403,6 +486,8 @@ class RLDFLoss:
         old = None if old_all is None else old_all[active, j]
         terms, ratio = policy_token_terms(logps, inputs["advantages"][active], old, call.epsilon_low, call.epsilon_high,
                                           delta=args.delta)
+        if "importance_sampling_ratio" in inputs:  # TRL's correction of the rollout–training mismatch
+            terms = terms * inputs["importance_sampling_ratio"][active, j]
         if call.beta != 0.0:
             step_kl = corrected_k3_kl(logps, ref_all[active, j], old, args.use_bias_correction_kl)
             terms = terms + call.beta * step_kl
@@ -455,4 +540,48 @@ class RLDFLoss:
             sums["clip_ratio/low_mean"] = (low, target_count, False)
             sums["clip_ratio/high_mean"] = (high, target_count, False)
             sums["clip_ratio/region_mean"] = (low + high, target_count, False)
+        sums.update(self._mismatch(inputs, call)[0])
         return sums
+
+    def metric_extremes(self, inputs, call: LossCall) -> dict:
+        """``name -> (value or None, "max" | "min")`` of this process's tokens; the trainer takes the maximum /
+        minimum over processes (the ``sampling/*`` extremes)."""
+        return self._mismatch(inputs, call)[1]
+
+    def _mismatch(self, inputs, call: LossCall) -> tuple[dict, dict]:
+        """The ``sampling/*`` metrics (:func:`mismatch_metrics`) at the recorded targets of this call's states, from
+        the old-policy pass when it ran, else from the loss forward (π_old on-policy)."""
+        if not self.measures_mismatch(inputs):
+            return {}, {}
+        scored = self.recorded_targets(inputs) & inputs["target_mask"]
+        if self.sampling_logps_key in inputs:
+            train_logps = inputs[self.sampling_logps_key]
+        elif call.sampling_logps is not None:
+            train_logps, scored = call.sampling_logps, scored & call.sampling_scored
+        else:
+            return {}, {}
+        return mismatch_metrics(train_logps, record_logps(inputs["rollout_commit_prob"]), scored,
+                                inputs.get("importance_sampling_ratio"),
+                                sequence=self.args.rollout_importance_sampling_mode.startswith("sequence"))
+
+    def correct_rollout_mismatch(self, model, batch, batch_size=None) -> None:
+        """``batch["importance_sampling_ratio"]``: TRL's corrected ratio ``ρ`` (B, k, G) of
+        ``args.rollout_importance_sampling_*`` (:func:`~dllm_trl.losses.rollout_mismatch.importance_sampling_ratio`).
+
+        As TRL does for its vLLM correction, π_old is scored for every batch, so that ``ρ`` is known before the first
+        loss forward: when TRL's old-policy pass did not run (on-policy), the same pass runs here (``model``), and
+        its log-probs become the batch's ``old_per_token_logps``.
+        """
+        if "old_per_token_logps" not in batch:
+            logps, extra = self.score_for_policy_pass(model, batch, batch_size=batch_size, old_pass=True)
+            batch["old_per_token_logps"] = logps
+            batch.update(extra)
+        if not self.measures_mismatch(batch) or self.sampling_logps_key not in batch:
+            raise RuntimeError("rollout_importance_sampling_correction needs the rollout's record and the old-policy "
+                               f"pass's {self.sampling_logps_key!r} in the batch.")
+        args = self.args
+        batch["importance_sampling_ratio"] = importance_sampling_ratio(
+            batch[self.sampling_logps_key], record_logps(batch["rollout_commit_prob"]), self.recorded_targets(batch),
+            args.rollout_importance_sampling_mode, args.rollout_importance_sampling_clip_min,
+            args.rollout_importance_sampling_clip_max,
+        )

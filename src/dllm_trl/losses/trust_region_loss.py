@@ -11,7 +11,9 @@ excluded on diffusion LMs), so it compares like with like against ``μ``.
 * :class:`DiffusionTrustRegionLoss`: RLDF's sampled states and targets ``Ô_t`` (:class:`RLDFLoss`) with the masked
   policy gradient as the per-token term. Tokens committed at the sampled step take ``μ`` from the rollout record
   (KV-cache approximation included), the other targets from ``π_old(· | q, o_t)`` — stored by the old-policy pass,
-  or the current policy itself on an on-policy batch. ``behaviour_source="old"`` takes every ``μ`` from ``π_old``.
+  or the current policy itself on an on-policy batch. ``behaviour_source="old"`` takes every ``μ`` from ``π_old``;
+  only then may ``rollout_importance_sampling_correction`` multiply the terms by TRL's ratio ``π_old/μ`` of the
+  recorded tokens (the decoupled form; :mod:`dllm_trl.losses.rollout_mismatch`).
 """
 
 from __future__ import annotations
@@ -212,6 +214,7 @@ class DiffusionTrustRegionLoss(TrustRegionTerms, RLDFLoss):
     targets_from_loss_forward = False  # μ of the other targets needs π_old's top-K: the old pass or this forward
     supported_estimators = ("rldf", "sequential")
     logs_ppo_terms = False
+    sampling_logps_key = "old_behaviour_logps"  # the old pass's π_old(a), scored as the sampler draws
 
     def __init__(self, args, vocab_size: int, temperature: float, mask_token_id: int, logit_shift: int):
         TrustRegionTerms.__init__(self, args, vocab_size, temperature)
@@ -298,7 +301,8 @@ class DiffusionTrustRegionLoss(TrustRegionTerms, RLDFLoss):
         rows = active[index]
         t = sampled[rows, j]
         action = inputs["rollout_ids"][rows, columns]
-        from_rollout = (inputs["commit_step"][rows, columns] == t) & (args.behaviour_source == "rollout")
+        committed_now = inputs["commit_step"][rows, columns] == t
+        from_rollout = committed_now & (args.behaviour_source == "rollout")
         roll_ids = inputs["rollout_topk_ids"][rows, columns, :top_k]
         roll_logps = inputs["rollout_topk_logps"][rows, columns, :top_k]
         roll_action = inputs["rollout_commit_prob"][rows, columns].float().clamp_min(1e-30).log()
@@ -323,6 +327,11 @@ class DiffusionTrustRegionLoss(TrustRegionTerms, RLDFLoss):
         mu_action = torch.where(from_rollout, roll_action, other_action)
         advantages = inputs["advantages"][rows]
         terms, parts = self.masked_terms(pi_support, mu_ids, mu_logps, action, mu_action, advantages)
+        if "importance_sampling_ratio" in inputs:  # TRL's correction π_old/μ of the recorded tokens (decoupled)
+            terms = terms * inputs["importance_sampling_ratio"][rows, j, columns]
+        if call.sampling_logps is not None:  # on-policy: this forward is π_old's, scored as the sampler draws
+            call.sampling_logps[rows, j, columns] = logps.detach()
+            call.sampling_scored[rows, j, columns] = committed_now
         parts["from_rollout"] = from_rollout
         old = inputs["old_per_token_logps"][rows, j, columns] if has_old else None
         terms = self.kl_and_parts(call, inputs, (rows, j, columns), terms, parts, view.raw_action, old)

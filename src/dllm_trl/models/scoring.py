@@ -59,14 +59,18 @@ def completion_token_logps(
     read_mask: torch.Tensor | None = None,
     with_entropy: bool = False,
     entropy_grad: bool = True,
+    extra_view=None,
 ):
     """``log π(target_i | q, state)`` (B, G) in float32 (and, ``with_entropy``, the entropy of ``π(· | q, state)``
     at each read position, (B, G); with gradient when grad is enabled, unless ``entropy_grad`` is False: a metric).
 
     With ``read_mask`` (B, G) the LM head and the log-softmax run only where it is set (0 is returned elsewhere):
     the loss reads a few positions of each state, and the full-vocabulary logits of the others are never built.
+    ``extra_view`` (needs ``read_mask``): see :func:`chunked_token_logps_at`; its values come last, scattered (B, G).
     """
     if read_mask is None:
+        if extra_view is not None:
+            raise ValueError("extra_view reads the positions of read_mask: pass one.")
         logits = completion_logits(model, prompt_ids, prompt_mask, state_ids)
         logps = selective_log_softmax(logits, target_ids)
         return (logps, token_entropy(logits)) if with_entropy else logps
@@ -76,10 +80,10 @@ def completion_token_logps(
     rows, columns = read_mask.nonzero(as_tuple=True)
     values = chunked_token_logps_at(
         model, rows, columns + (prompt_len - shift), target_ids[rows, columns], with_entropy=with_entropy,
-        entropy_grad=entropy_grad, input_ids=input_ids, attention_mask=attention_mask,
+        entropy_grad=entropy_grad, extra_view=extra_view, input_ids=input_ids, attention_mask=attention_mask,
     )
     scatter = lambda v: torch.zeros(read_mask.shape, dtype=v.dtype, device=v.device).index_put((rows, columns), v)  # noqa: E731
-    return tuple(scatter(v) for v in values) if with_entropy else scatter(values)
+    return tuple(scatter(v) for v in values) if isinstance(values, tuple) else scatter(values)
 
 
 def token_logps_at(
@@ -97,7 +101,7 @@ def token_logps_at(
 
 def chunked_token_logps_at(
     model, rows: torch.Tensor, columns: torch.Tensor, target_ids: torch.Tensor, with_entropy: bool = False,
-    entropy_grad: bool = True, chunk_elements: int = 2**23, **forward_kwargs,
+    entropy_grad: bool = True, chunk_elements: int = 2**23, extra_view=None, **forward_kwargs,
 ):
     """:func:`token_logps_at` with the LM head applied in chunks of positions (about ``chunk_elements`` logits each:
     32 MiB in float32, 66 positions at V = 126 464), each chunk recomputed in the backward pass instead of kept
@@ -106,10 +110,16 @@ def chunked_token_logps_at(
     Memory of the head and the log-softmax is one chunk's ``(n, V)``, whatever the number of positions read: the
     equivalent of TRL's chunked LM head for the loss and scoring passes, where RLDF reads every candidate of a state
     (on-policy, every still-masked token, to fix the clean targets from the same forward).
+
+    ``extra_view(hidden (N, d), head) -> (N,)``: one more value per position read from the same forward (e.g. the
+    sampler's log-probability at a few of them), returned last: ``(logps[, entropies], extra)``.
     """
 
     def view(hidden, head):
-        return chunked_head_logps(hidden, head, target_ids, with_entropy, chunk_elements, entropy_grad)
+        values = chunked_head_logps(hidden, head, target_ids, with_entropy, chunk_elements, entropy_grad)
+        if extra_view is None:
+            return values
+        return (*(values if with_entropy else (values,)), extra_view(hidden, head))
 
     return apply_at(model, rows, columns, view, use_cache=False, **forward_kwargs)
 

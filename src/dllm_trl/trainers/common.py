@@ -170,6 +170,21 @@ def log_metric_sums(trainer, mode: str, sums: dict) -> None:
         trainer._metrics[mode][name].append((numerator / denominator.clamp_min(1)).item())
 
 
+def log_metric_extremes(trainer, mode: str, extremes: dict) -> None:
+    """Take ``name -> (value or None, "max" | "min")`` to its maximum / minimum over every process (one gather) and
+    append it to ``trainer._metrics[mode]`` (nothing where no process has a value)."""
+    if not extremes:
+        return
+    fill = {"max": -float("inf"), "min": float("inf")}
+    flat = torch.stack([torch.as_tensor(fill[how] if value is None else value, dtype=torch.float32,
+                                        device=trainer.accelerator.device) for value, how in extremes.values()])
+    gathered = trainer.accelerator.gather(flat.unsqueeze(0)).view(-1, flat.numel())
+    for n, (name, (_, how)) in enumerate(extremes.items()):
+        value = getattr(gathered[:, n], how)()
+        if torch.isfinite(value):
+            trainer._metrics[mode][name].append(value.item())
+
+
 class SafeRunMixin:
     """Mixed in before ``GRPOTrainer`` by every trainer of the package: nothing lost, nothing wrongly credited.
 

@@ -196,7 +196,6 @@ class DPPOMaskConfig(TrustRegionArguments, RLDFConfig):
         metadata={"help": "Diffusion block size; None = 32 when it divides max_completion_length, else one block."},
     )
 
-
     @classmethod
     def refused_grpo_fields(cls) -> dict[str, str]:
         """RLDFConfig's list, with TRL's ``loss_type`` honoured (causal LMs; restricted to :data:`LOSS_TYPES`) and the
@@ -212,7 +211,25 @@ class DPPOMaskConfig(TrustRegionArguments, RLDFConfig):
         self.check_trust_region()
         if self.behaviour_source not in BEHAVIOUR_SOURCES:
             raise ValueError(f"behaviour_source={self.behaviour_source!r}: expected one of {BEHAVIOUR_SOURCES}.")
+        if self.rollout_importance_sampling_correction:
+            self.check_trust_region_correction()
         if self.block_length is None:
             length = self.max_completion_length
             self.block_length = 32 if length and length % 32 == 0 else length
         super().__post_init__()
+
+    def check_trust_region_correction(self) -> None:
+        """What ``rollout_importance_sampling_correction`` needs on top of :meth:`RLDFConfig.check_rollout_correction`
+        in the trust-region loss: the decoupled form (trust region around ``π_old``, ``ρ = π_old/μ`` apart)."""
+        refusal = None
+        if self.model_kind == "causal":
+            refusal = "a causal LM's generate() records μ under an exact KV cache: there is nothing to correct"
+        elif self.behaviour_source != "old":
+            refusal = (f"behaviour_source={self.behaviour_source!r} already weighs the recorded tokens by "
+                       "min(π_θ/μ, is_cap) against the record, which the ratio would correct a second time; set "
+                       "behaviour_source='old' (trust region around π_old, TRL's ratio π_old/μ on top)")
+        elif self.top_p < 1.0 or self.top_k or self.min_p:
+            refusal = (f"top_p={self.top_p}, top_k={self.top_k}, min_p={self.min_p}: the trust-region forward "
+                       "scores the untruncated distribution, so π_old/μ would measure the truncation, not the cache")
+        if refusal:
+            raise ValueError(f"rollout_importance_sampling_correction=True is not supported here: {refusal}.")

@@ -137,6 +137,9 @@ class CausalDPPOMaskTrainer(SafeRunMixin, GRPOTrainer):
         refuse_unsupported_kwargs("DPPOMaskTrainer", kwargs)
         if not args.temperature > 0:
             raise ValueError(f"temperature={args.temperature}: causal LMs sample, so it must be > 0.")
+        if getattr(args, "rollout_importance_sampling_correction", False):
+            raise ValueError("rollout_importance_sampling_correction=True corrects a diffusion rollout's approximate "
+                             "KV cache; a causal LM's generate() records μ under an exact cache: leave it False.")
         if isinstance(model, str):
             model = create_model_from_path(model, **dict(args.model_init_kwargs or {}))
         if getattr(getattr(model, "config", None), "mask_token_id", None) is not None:

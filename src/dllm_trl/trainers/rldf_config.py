@@ -12,11 +12,14 @@ from trl import GRPOConfig
 
 from ..generation.config import CACHE_MODES, SAMPLING_STYLES, UNMASKING_MODES, DiffusionGenerationConfig
 from ..losses.estimators import ESTIMATORS
+from ..losses.rollout_mismatch import IMPORTANCE_SAMPLING_MODES, REPLAYING_ESTIMATORS
 from ..models.engines import check_launch_environment
 
 BACKWARD_MODES = ("auto", "per_step", "per_micro_batch")
 
 _VLLM = "diffusion rollouts run in the trainer (block-wise decoding with a KV cache), not in vLLM"
+_VLLM_IS = (_VLLM + "; the KV-cache mismatch of the rollout's record is corrected by the rollout_importance_sampling_* "
+            "fields (same modes and bounds)")
 GRPO_FIELDS_REFUSED = {
     "trust_remote_code": "checkpoints map onto transformers' own classes (load_diffusion_model); no remote code runs",
     "router_aux_loss_coef": "MoE router losses are not added to the diffusion losses",
@@ -31,9 +34,9 @@ GRPO_FIELDS_REFUSED = {
     "vllm_structured_outputs_regex": _VLLM, "vllm_server_base_url": _VLLM, "vllm_server_host": _VLLM,
     "vllm_server_port": _VLLM, "vllm_server_timeout": _VLLM, "vllm_group_port": _VLLM,
     "vllm_gpu_memory_utilization": _VLLM, "vllm_max_model_length": _VLLM, "vllm_tensor_parallel_size": _VLLM,
-    "vllm_importance_sampling_correction": _VLLM, "vllm_importance_sampling_mode": _VLLM,
-    "vllm_importance_sampling_clip_max": _VLLM, "vllm_importance_sampling_clip_min": _VLLM,
-    "vllm_importance_sampling_cap": _VLLM,
+    "vllm_importance_sampling_correction": _VLLM_IS, "vllm_importance_sampling_mode": _VLLM_IS,
+    "vllm_importance_sampling_clip_max": _VLLM_IS, "vllm_importance_sampling_clip_min": _VLLM_IS,
+    "vllm_importance_sampling_cap": _VLLM_IS,
     "use_transformers_continuous_batching": "diffusion rollouts use their own block-wise sampler",
     "transformers_continuous_batching_config": "diffusion rollouts use their own block-wise sampler",
     "use_transformers_paged": "diffusion rollouts use their own block-wise sampler",
@@ -156,6 +159,25 @@ class RLDFConfig(SafeRunArguments, GRPOConfig):
             (no_sync), so their gradient traffic is that of one backward; DeepSpeed ZeRO-2/3 reduce gradients in
             every backward, so there per-step costs k times the traffic. `"auto"`: `"per_micro_batch"` under
             DeepSpeed ZeRO-2/3 with several processes, `"per_step"` otherwise. Both give the same gradients.
+        rollout_importance_sampling_correction (`bool`, *optional*, defaults to `False`):
+            TRL's importance-sampling correction (its `vllm_importance_sampling_correction`) of the mismatch between the
+            rollout's record `μ(a)` and the training forward `π_old(a | q, o_t)` at the tokens committed at each
+            sampled step: the policy term is multiplied by a detached ratio `ρ` from `π_old/μ`
+            (`dllm_trl.losses.rollout_mismatch`). Only a prefix / dual cache on a bidirectional model makes the
+            record approximate, so it is refused with `cache_mode="none"`, on a block-diffusion model (exact cache),
+            with `temperature=0` (nothing is sampled) and with the estimators whose states are not the rollout's
+            (`"all_masking"`, `"random_masking"`). Off by default: paper 1 trains without it, and the mismatch is
+            logged either way (`sampling/*`). On, TRL's rule applies: an old-policy pass runs for every batch (one
+            no-grad forward per sampled state), so that `ρ` is known before the first loss forward.
+        rollout_importance_sampling_mode (`str`, *optional*, defaults to `"token_truncate"`):
+            TRL's `vllm_importance_sampling_mode`: `"token_truncate"` / `"token_mask"` (each recorded token's own
+            ratio clamped to / zeroed outside `[clip_min, clip_max]`; `ρ = 1` for the clean targets, which the rollout
+            did not draw at that state), `"sequence_truncate"` / `"sequence_mask"` (one ratio per completion, the
+            product over its recorded tokens at its sampled states, applied to all its targets).
+        rollout_importance_sampling_clip_max (`float` or `None`, *optional*, defaults to `3.0`):
+            `C_max` of the mode (TRL's `vllm_importance_sampling_clip_max`); `None`: no upper bound.
+        rollout_importance_sampling_clip_min (`float` or `None`, *optional*, defaults to `None`):
+            `C_min` of the mode (TRL's `vllm_importance_sampling_clip_min`); `None`: no lower bound.
         verify_checkpoints (`bool`, *optional*, defaults to `True`):
             Checksum manifest written with each checkpoint and `save_model`, verified on resume (see
             [`SafeRunArguments`]).
@@ -207,6 +229,23 @@ class RLDFConfig(SafeRunArguments, GRPOConfig):
             "choices": list(BACKWARD_MODES),
         },
     )
+    rollout_importance_sampling_correction: bool = field(
+        default=False,
+        metadata={"help": "Correct the mismatch between the rollout's recorded μ (prefix / dual KV cache) and the "
+                          "training forward with TRL's importance-sampling ratio (an old-policy pass runs every "
+                          "batch)."},
+    )
+    rollout_importance_sampling_mode: str = field(
+        default="token_truncate",
+        metadata={"help": "TRL's modes: 'token_truncate', 'token_mask', 'sequence_truncate' or 'sequence_mask'.",
+                  "choices": list(IMPORTANCE_SAMPLING_MODES)},
+    )
+    rollout_importance_sampling_clip_max: float | None = field(
+        default=3.0, metadata={"help": "C_max: ratios clamped to it (*_truncate) or zeroed above it (*_mask)."}
+    )
+    rollout_importance_sampling_clip_min: float | None = field(
+        default=None, metadata={"help": "C_min: ratios clamped to it (*_truncate) or zeroed below it (*_mask)."}
+    )
     # Paper 1 App. C values for fields GRPOConfig already has.
     num_generations: int | None = field(default=4, metadata={"help": "Completions per prompt (paper: 4)."})
     max_completion_length: int | None = field(default=256, metadata={"help": "Diffusion generation length."})
@@ -257,6 +296,7 @@ class RLDFConfig(SafeRunArguments, GRPOConfig):
             )
         if self.backward_mode not in BACKWARD_MODES:
             raise ValueError(f"backward_mode={self.backward_mode!r}: expected one of {BACKWARD_MODES}.")
+        self.check_rollout_correction()
         check_grpo_fields(self, self.refused_grpo_fields())
         super().__post_init__()
         # Validate the sampler settings now rather than at the first rollout, naming this config's fields.
@@ -267,6 +307,36 @@ class RLDFConfig(SafeRunArguments, GRPOConfig):
             for sampler_name, own_name in _SAMPLER_NAMES.items():
                 message = re.sub(rf"\b{sampler_name}=", f"{own_name}=", message)
             raise ValueError(message) from None
+
+    def check_rollout_correction(self) -> None:
+        """Validate the ``rollout_importance_sampling_*`` fields, and refuse the correction where nothing would be
+        corrected (an exact rollout) or the record does not apply (states that are not the rollout's)."""
+        mode = self.rollout_importance_sampling_mode
+        if mode not in IMPORTANCE_SAMPLING_MODES:
+            raise ValueError(f"rollout_importance_sampling_mode={mode!r}: expected one of {IMPORTANCE_SAMPLING_MODES}.")
+        low, high = self.rollout_importance_sampling_clip_min, self.rollout_importance_sampling_clip_max
+        bounds = (("rollout_importance_sampling_clip_min", low), ("rollout_importance_sampling_clip_max", high))
+        for name, value in bounds:
+            if value is not None and (math.isnan(value) or value < 0):
+                raise ValueError(f"{name}={value} must be ≥ 0 or None (no bound).")
+        if low is not None and high is not None and low > high:
+            raise ValueError(f"rollout_importance_sampling_clip_min={low} exceeds rollout_importance_sampling_clip_max="
+                             f"{high}.")
+        if not self.rollout_importance_sampling_correction:
+            return
+        refusal = None
+        if self.cache_mode == "none":
+            refusal = ("cache_mode='none' decodes with full forwards, so the record is exactly the training forward's "
+                       "(the ratio is 1 up to float rounding): there is nothing to correct")
+        elif self.policy_estimator not in REPLAYING_ESTIMATORS:
+            refusal = (f"policy_estimator={self.policy_estimator!r} scores states the rollout never decoded from, so "
+                       f"its record does not apply; use one of {REPLAYING_ESTIMATORS}")
+        elif not self.temperature > 0:
+            refusal = (f"temperature={self.temperature} decodes greedily: no token is sampled, so there is no "
+                       "behaviour distribution to correct for")
+        if refusal:
+            raise ValueError(f"rollout_importance_sampling_correction=True is not supported here: {refusal}. Leave it "
+                             "False (the mismatch is still logged as sampling/*).")
 
     @classmethod
     def refused_grpo_fields(cls) -> dict[str, str]:

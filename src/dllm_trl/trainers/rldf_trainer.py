@@ -43,6 +43,7 @@ from ..models.loading import load_diffusion_model
 from .common import (
     check_training_inputs,
     init_with_reference,
+    log_metric_extremes,
     log_metric_sums,
     old_checkpointing_names_quiet,
     prepare_reference,
@@ -180,6 +181,8 @@ class RLDFTrainer(SafeRunMixin, GRPOTrainer):
             rows = output["advantages"].shape[0]
             start = self.accelerator.process_index * rows
             self.loss.drop_rows(output, self._zero_variance_rows()[start : start + rows])
+        if self.args.rollout_importance_sampling_correction:  # after the drops: no pass over rows without a state
+            self.loss.correct_rollout_mismatch(self.model, output, batch_size=self.args.per_device_train_batch_size)
 
         # Clean targets (Alg. 3) read π_old, the policy that produced the batch. On-policy, π_old is the policy of
         # the loss forward itself, so that forward may fix them (k forwards per micro-batch); otherwise (or when the
@@ -268,6 +271,7 @@ class RLDFTrainer(SafeRunMixin, GRPOTrainer):
             total, graph = total / count, graph / count
         loss = graph + (total - graph.detach())
         log_metric_sums(self, mode, self.loss.metric_sums(inputs, call))
+        log_metric_extremes(self, mode, self.loss.metric_extremes(inputs, call))
         self._metrics[mode]["rldf/loss_time"].append(time.perf_counter() - start)
         return loss
 
