@@ -19,7 +19,7 @@ import torch
 from transformers import DynamicCache
 
 from dllm_trl import RLDFConfig, RLDFTrainer, load_diffusion_model
-from dllm_trl.trainers import DiffusionDPPOMaskTrainer, DPPOMaskConfig
+from dllm_trl.trainers import DiffusionDPPOMaskTrainer, DPPOMaskConfig, DPPOMaskTrainer
 from dllm_trl.generation import DiffusionGemmaSampler, DiffusionGemmaSamplerConfig, MaskedDiffusionSampler
 from dllm_trl.losses import RLDFLoss
 from dllm_trl.losses.diffusion_gemma_loss import DiffusionGemmaRLDFLoss, DiffusionGemmaTrustRegionLoss
@@ -437,6 +437,29 @@ def test_masked_diffusion_settings_are_refused_early():
         MaskedDiffusionSampler(toy_args().diffusion_generation_config()).check_model(model)
     with pytest.raises(ValueError, match="DiffusionGemmaRLDFLoss"):
         RLDFLoss(toy_args()).check_model(model)
+
+
+def test_trust_region_trainers_without_the_diffusion_gemma_pieces_are_refused():
+    """DPPOMaskTrainer ("auto" and "causal" kinds) and DiffusionDPPOMaskTrainer name DiffusionGemma's own loss and
+    sampler instead of failing on the missing mask token (or building a causal trainer)."""
+    model, tokenizer = toy_model()
+    sampler = DiffusionGemmaSampler(DiffusionGemmaSamplerConfig(gen_length=8, max_denoising_steps=2))
+    pieces = r"loss=DiffusionGemmaTrustRegionLoss\(args, vocab_size\).*sampler=DiffusionGemmaSampler"
+    for trainer_class, kind, extra in ((DPPOMaskTrainer, "auto", {}), (DPPOMaskTrainer, "auto", {"sampler": sampler}),
+                                       (DiffusionDPPOMaskTrainer, "auto", {}), (DPPOMaskTrainer, "causal", {})):
+        args = dppo_args(max_completion_length=8, block_length=4, num_generations=4, per_device_train_batch_size=4,
+                         model_kind=kind)
+        with pytest.raises(ValueError, match=pieces):
+            trainer_class(model=model, reward_funcs=digit_ones_reward, args=args, train_dataset=toy_dataset("train"),
+                          processing_class=tokenizer, **extra)
+
+
+def test_sampler_length_other_than_max_completion_length_is_refused():
+    model, tokenizer = toy_model()
+    args = toy_args(max_completion_length=8)
+    short = DiffusionGemmaSampler(DiffusionGemmaSamplerConfig(gen_length=4, max_denoising_steps=2))
+    with pytest.raises(ValueError, match=r"gen_length=4 differs from max_completion_length=8"):
+        trainer_for(model, args, tokenizer, sampler=short, loss=DiffusionGemmaRLDFLoss(args))
 
 
 def test_several_processes_are_refused(monkeypatch):

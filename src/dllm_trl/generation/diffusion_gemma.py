@@ -120,7 +120,7 @@ class DiffusionGemmaSamplerConfig:
 
 def is_diffusion_gemma(model) -> bool:
     """Whether ``model`` (through any engine wrapper) is transformers' ``DiffusionGemmaForBlockDiffusion``."""
-    return getattr(unwrap_model(model).config, "model_type", None) == "diffusion_gemma"
+    return getattr(getattr(unwrap_model(model), "config", None), "model_type", None) == "diffusion_gemma"
 
 
 def step_temperature(config: DiffusionGemmaSamplerConfig, remaining: int, device) -> torch.Tensor:

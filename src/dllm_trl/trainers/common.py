@@ -92,6 +92,18 @@ def check_training_inputs(model, train_dataset, tokenizer) -> None:
         )
 
 
+def check_sampler_length(sampler_config, args) -> None:
+    """A sampler handed to the trainer decodes its own ``gen_length``; TRL pads, scores and normalises completions to
+    ``max_completion_length``. Refuse them differing, before anything is built."""
+    gen_length = getattr(sampler_config, "gen_length", None)
+    if gen_length is not None and gen_length != args.max_completion_length:
+        raise ValueError(
+            f"The sampler's gen_length={gen_length} differs from max_completion_length={args.max_completion_length}: "
+            f"the trainer pads, scores and normalises completions of max_completion_length tokens. Set both to the same "
+            f"length (for DiffusionGemma, a multiple of the model's canvas_length)."
+        )
+
+
 def _prompt_text(prompt) -> str:
     """The text of a prompt: a string, or the contents of a conversation's messages."""
     if isinstance(prompt, str):

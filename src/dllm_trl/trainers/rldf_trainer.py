@@ -41,6 +41,7 @@ from ..models.engines import (
 )
 from ..models.loading import load_diffusion_model
 from .common import (
+    check_sampler_length,
     check_training_inputs,
     init_with_reference,
     log_metric_extremes,
@@ -82,6 +83,7 @@ class RLDFTrainer(SafeRunMixin, GRPOTrainer):
         for name, value in self.loss.sampler_requests().items():  # what the loss reads from the rollout's record
             setattr(self.sampler.config, name, value)
         self.sampler.check_model(model)
+        check_sampler_length(self.sampler.config, args)
         check_training_inputs(model, kwargs.get("train_dataset"), kwargs.get("processing_class"))
         reference = init_with_reference(self, super().__init__, model, args, reward_funcs=reward_funcs, **kwargs)
         prepare_model_buffers(self.model, self.accelerator)
