@@ -21,6 +21,7 @@ from transformers import DynamicCache
 from dllm_trl import RLDFConfig, RLDFTrainer, load_diffusion_model
 from dllm_trl.trainers import DiffusionDPPOMaskTrainer, DPPOMaskConfig, DPPOMaskTrainer
 from dllm_trl.generation import DiffusionGemmaSampler, DiffusionGemmaSamplerConfig, MaskedDiffusionSampler
+from dllm_trl.generation.diffusion_gemma import cache_keyword
 from dllm_trl.losses import RLDFLoss
 from dllm_trl.losses.diffusion_gemma_loss import DiffusionGemmaRLDFLoss, DiffusionGemmaTrustRegionLoss
 from dllm_trl.models import set_diffusion_properties
@@ -67,10 +68,10 @@ def reference_logits(model, prompt, completion, canvas, state, sc_logits):
     chunks = [prompt] + [completion[c * CANVAS : (c + 1) * CANVAS] for c in range(canvas)]
     for chunk in chunks:
         positions = torch.arange(encoded, encoded + chunk.numel()).unsqueeze(0)
-        model.model.encoder(input_ids=chunk.unsqueeze(0), past_key_values=cache, position_ids=positions)
+        model.model.encoder(input_ids=chunk.unsqueeze(0), position_ids=positions, **{cache_keyword(model): cache})
         encoded += chunk.numel()
     positions = torch.arange(encoded, encoded + CANVAS).unsqueeze(0)
-    return model(decoder_input_ids=state.unsqueeze(0), past_key_values=cache, decoder_position_ids=positions,
+    return model(decoder_input_ids=state.unsqueeze(0), decoder_position_ids=positions, **{cache_keyword(model): cache},
                  self_conditioning_logits=None if sc_logits is None else sc_logits.unsqueeze(0)).logits[0]
 
 
@@ -499,6 +500,7 @@ def lora_model():
     from dllm_trl.models.diffusion_gemma import tie_encoder_adapters
 
     model, tokenizer = toy_model()
+    torch.manual_seed(0)  # the adapters' initial draws: the same in every call, whatever ran before
     peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=LORA_TARGETS))
     assert tie_encoder_adapters(peft_model) == 2 * 4 - 1  # q, k, o in both layers; v in the sliding layer only
     return peft_model, tokenizer

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 from dataclasses import dataclass, field
 
 import torch
@@ -144,6 +145,13 @@ def entropy_bound_accept(logits: torch.Tensor, bound: float) -> torch.Tensor:
     return torch.zeros_like(keep).scatter(-1, order, keep)
 
 
+def cache_keyword(model) -> str:
+    """The name DiffusionGemma's forwards and mask builders give the KV cache: ``past_key_values`` up to transformers
+    5.2x, ``cache`` after its rename (the old name warns until it is removed)."""
+    forward = unwrap_model(model).model.decoder.forward
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+
+
 class _Calls:
     """The encoder and decoder calls of a DiffusionGemma model, laid out as ``generate`` lays them out: positions are
     column indices shared by the batch (left padding included, hidden by the key mask), the masks come from the
@@ -156,6 +164,7 @@ class _Calls:
         self.canvas_length = self.config.canvas_length
         self.encoder = self.model.model.encoder
         self.decoder = self.model.model.decoder
+        self.cache_keyword = cache_keyword(self.model)
 
     def new_cache(self):
         return DynamicCache(config=self.config.get_text_config(decoder=True))
@@ -165,13 +174,14 @@ class _Calls:
         positions = torch.arange(start, start + ids.shape[1], dtype=torch.int32, device=ids.device).unsqueeze(0)
         shape_only = torch.empty(ids.shape[0], ids.shape[1], 0, dtype=self.model.dtype, device=ids.device)
         masks = self.encoder.create_masks_for_generate(config=self.config, inputs_embeds=shape_only,
-                                                       attention_mask=attention, past_key_values=cache,
+                                                       attention_mask=attention, **{self.cache_keyword: cache},
                                                        position_ids=positions)
-        self.encoder(input_ids=ids.contiguous(), attention_mask=masks, past_key_values=cache, position_ids=positions)
+        self.encoder(input_ids=ids.contiguous(), attention_mask=masks, position_ids=positions,
+                     **{self.cache_keyword: cache})
 
     def decoder_mask(self, cache, canvas: torch.Tensor, attention: torch.Tensor):
         return self.decoder.create_diffusion_decoder_attention_mask(
-            config=self.config, inputs_embeds=canvas.unsqueeze(-1), past_key_values=cache,
+            config=self.config, inputs_embeds=canvas.unsqueeze(-1), **{self.cache_keyword: cache},
             decoder_attention_mask=attention,
         )
 
@@ -180,7 +190,7 @@ class _Calls:
         positions = torch.arange(start, start + canvas.shape[1], dtype=torch.int32, device=canvas.device).unsqueeze(0)
         return self.model(decoder_input_ids=canvas, self_conditioning_logits=self_conditioning_logits,
                           self_conditioning_mask=self_conditioning_mask, decoder_attention_mask=mask,
-                          past_key_values=cache, decoder_position_ids=positions).logits
+                          decoder_position_ids=positions, **{self.cache_keyword: cache}).logits
 
     @contextlib.contextmanager
     def soft_embedding_hook(self, replace: torch.Tensor | None = None, record: list | None = None):
