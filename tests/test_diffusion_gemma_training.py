@@ -463,13 +463,6 @@ def test_sampler_length_other_than_max_completion_length_is_refused():
         trainer_for(model, args, tokenizer, sampler=short, loss=DiffusionGemmaRLDFLoss(args))
 
 
-def test_several_processes_are_refused(monkeypatch):
-    model, _ = toy_model()
-    monkeypatch.setattr(RLDFConfig, "world_size", property(lambda self: 2))
-    with pytest.raises(ValueError, match=r"one process for now \(world_size=2\)"):
-        DiffusionGemmaRLDFLoss(toy_args()).check_model(model)
-
-
 def make_masked_llada():
     from dllm_trl.testing import build_tiny_llada
 
@@ -511,7 +504,8 @@ def train_lora(carrier: str):
     args = RLDFConfig("/tmp/dllm-trl-diffusion-gemma-lora", max_completion_length=8, block_length=4,
                       num_generations=4, per_device_train_batch_size=4, max_steps=1, use_cpu=True, report_to="none",
                       save_strategy="no", beta=0.02, num_sampled_timesteps=3, learning_rate=1.0, optim="sgd",
-                      drop_zero_variance_groups=False, logging_steps=1)
+                      drop_zero_variance_groups=False, logging_steps=1, bf16=False)  # float32 forwards: the carriers
+    # agree to rounding there, while under bf16 autocast the "logits" carrier's soft embedding is recomputed in bf16
     sampler = DiffusionGemmaSampler(DiffusionGemmaSamplerConfig(gen_length=8, max_denoising_steps=4,
                                                                 self_conditioning=carrier))
     trainer = RLDFTrainer(model=model, reward_funcs=digit_ones_reward, args=args, train_dataset=toy_dataset("train"),

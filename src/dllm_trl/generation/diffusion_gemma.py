@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from ..models.engines import unwrap_model
+from ..models.engines import forward_replacing, unwrap_model
 from .sampler import NEVER_COMMITTED, DiffusionGenerationOutput, completion_mask_to_eos
 from .trajectory import DenoisingSteps
 
@@ -155,9 +155,11 @@ def cache_keyword(model) -> str:
 class _Calls:
     """The encoder and decoder calls of a DiffusionGemma model, laid out as ``generate`` lays them out: positions are
     column indices shared by the batch (left padding included, hidden by the key mask), the masks come from the
-    model's own mask builders."""
+    model's own mask builders. Encoder and decoder submodules are called inside the wrapped model's own forward
+    (:func:`~dllm_trl.models.engines.forward_replacing`), so every engine's hooks run around them."""
 
     def __init__(self, model):
+        self.wrapped = model
         self.model = unwrap_model(model)
         self.config = self.model.config
         self.text = self.config.get_text_config()
@@ -169,8 +171,18 @@ class _Calls:
     def new_cache(self):
         return DynamicCache(config=self.config.get_text_config(decoder=True))
 
+    def inside_forward(self, hidden_fn):
+        """The model's logits (its own head and soft-capping) on the hidden states ``hidden_fn()`` returns, computed
+        inside one forward of the wrapped model."""
+        from transformers.models.diffusion_gemma.modeling_diffusion_gemma import DiffusionGemmaModelOutputWithPast
+
+        output = forward_replacing(self.wrapped, self.model.model,
+                                   lambda: DiffusionGemmaModelOutputWithPast(last_hidden_state=hidden_fn()))
+        return output.logits
+
     def encode(self, cache, ids: torch.Tensor, attention: torch.Tensor, start: int) -> None:
-        """Append ``ids`` (B, n), at positions ``start …``, to ``cache``; ``attention`` (B, start + n) are its keys."""
+        """Append ``ids`` (B, n), at positions ``start …``, to ``cache``; ``attention`` (B, start + n) are its keys.
+        Call it inside a forward (:meth:`inside_forward`); :meth:`encode_alone` is one forward of its own."""
         positions = torch.arange(start, start + ids.shape[1], dtype=torch.int32, device=ids.device).unsqueeze(0)
         shape_only = torch.empty(ids.shape[0], ids.shape[1], 0, dtype=self.model.dtype, device=ids.device)
         masks = self.encoder.create_masks_for_generate(config=self.config, inputs_embeds=shape_only,
@@ -178,6 +190,13 @@ class _Calls:
                                                        position_ids=positions)
         self.encoder(input_ids=ids.contiguous(), attention_mask=masks, position_ids=positions,
                      **{self.cache_keyword: cache})
+
+    def encode_alone(self, cache, ids: torch.Tensor, attention: torch.Tensor, start: int) -> None:
+        def run():
+            self.encode(cache, ids, attention, start)
+            return torch.zeros(ids.shape[0], 0, self.text.hidden_size, dtype=self.model.dtype, device=ids.device)
+
+        self.inside_forward(run)
 
     def decoder_mask(self, cache, canvas: torch.Tensor, attention: torch.Tensor):
         return self.decoder.create_diffusion_decoder_attention_mask(
@@ -191,6 +210,13 @@ class _Calls:
         return self.model(decoder_input_ids=canvas, self_conditioning_logits=self_conditioning_logits,
                           self_conditioning_mask=self_conditioning_mask, decoder_attention_mask=mask,
                           decoder_position_ids=positions, **{self.cache_keyword: cache}).logits
+
+    def decode(self, cache, canvas, start: int, mask, self_conditioning_logits=None, self_conditioning_mask=None):
+        """(B, L, H) decoder hidden states on ``canvas`` at positions ``start …`` over ``cache`` (inside a forward)."""
+        positions = torch.arange(start, start + canvas.shape[1], dtype=torch.int32, device=canvas.device).unsqueeze(0)
+        return self.decoder(decoder_input_ids=canvas, self_conditioning_logits=self_conditioning_logits,
+                            self_conditioning_mask=self_conditioning_mask, decoder_attention_mask=mask,
+                            decoder_position_ids=positions, **{self.cache_keyword: cache}).last_hidden_state
 
     @contextlib.contextmanager
     def soft_embedding_hook(self, replace: torch.Tensor | None = None, record: list | None = None):
@@ -282,7 +308,7 @@ class DiffusionGemmaSampler:
                                         "active", "sc", "topk_ids", "topk_logps")}
         chunk, start = prompt_ids, 0
         for c in range(num_canvases):
-            calls.encode(cache, chunk, attention, start)
+            calls.encode_alone(cache, chunk, attention, start)
             start += chunk.shape[1]
             canvas = torch.randint(0, vocab, (batch, length), device=device, generator=generator)
             decoder_attention = torch.nn.functional.pad(attention, (0, length), value=True)
@@ -399,8 +425,9 @@ class DiffusionGemmaSampler:
 def replay_logits(model, prompt_ids, prompt_mask, completion_ids, canvas, state_ids, self_conditioning,
                   has_self_conditioning, carrier: str) -> torch.Tensor:
     """The decoder's logits (n, L, V) at ``n`` recorded states, recomputed as the rollout computed them (with
-    gradient when enabled): the states' rows' prompts and finished canvases are encoded chunk by chunk as ``generate``
-    encoded them, and each state's decoder call reads the cache of the canvases before its own.
+    gradient when enabled), in one forward of the wrapped ``model``: the states' rows' prompts and finished canvases
+    are encoded chunk by chunk as ``generate`` encoded them, and each state's decoder call reads the cache of the
+    canvases before its own.
 
     ``prompt_ids`` / ``prompt_mask`` (R, P) and ``completion_ids`` (R, G): the rows, at the rollout's prompt width.
     Per state, flattened over (row, slot): ``canvas`` (R, k) canvas index (−1: no state), ``state_ids`` (R, k, L),
@@ -410,35 +437,36 @@ def replay_logits(model, prompt_ids, prompt_mask, completion_ids, canvas, state_
     calls = _Calls(model)
     length = calls.canvas_length
     rows, slots = (canvas >= 0).nonzero(as_tuple=True)
-    out = None
     if rows.numel() == 0:
         return torch.zeros(0, length, calls.text.vocab_size, device=prompt_ids.device)
-    cache = calls.new_cache()
-    attention = prompt_mask.bool()
-    calls.encode(cache, prompt_ids, attention, 0)
-    start = prompt_ids.shape[1]
-    last = int(canvas.max().item())
-    for c in range(last + 1):
-        here = (canvas[rows, slots] == c).nonzero().squeeze(1)
-        if here.numel():
-            r, j = rows[here], slots[here]
-            view = select_cache_rows(cache, r)
-            canvas_ids = state_ids[r, j]
-            decoder_attention = torch.nn.functional.pad(attention[r], (0, length), value=True)
-            mask = calls.decoder_mask(view, canvas_ids, decoder_attention)
-            sc, present = self_conditioning[r, j], has_self_conditioning[r, j]
-            if carrier == "embedding":
-                with calls.soft_embedding_hook(replace=sc * present.to(sc.dtype)[:, None, None]):
-                    logits = calls.logits(view, canvas_ids, start, mask)
-            else:
-                logits = calls.logits(view, canvas_ids, start, mask, self_conditioning_logits=sc,
-                                      self_conditioning_mask=present)
-            if out is None:
-                out = logits.new_zeros(rows.numel(), *logits.shape[1:])
-            out = out.index_put((here,), logits)
-        if c < last:
-            calls.encode(cache, completion_ids[:, c * length : (c + 1) * length], torch.nn.functional.pad(
-                attention, (0, length), value=True), start)
-            attention = torch.nn.functional.pad(attention, (0, length), value=True)
-            start += length
-    return out
+
+    def replay():
+        cache = calls.new_cache()
+        attention = prompt_mask.bool()
+        calls.encode(cache, prompt_ids, attention, 0)
+        start = prompt_ids.shape[1]
+        last = int(canvas.max().item())
+        hidden, order = [], []
+        for c in range(last + 1):
+            here = (canvas[rows, slots] == c).nonzero().squeeze(1)
+            if here.numel():
+                r, j = rows[here], slots[here]
+                view = select_cache_rows(cache, r)
+                canvas_ids = state_ids[r, j]
+                decoder_attention = torch.nn.functional.pad(attention[r], (0, length), value=True)
+                mask = calls.decoder_mask(view, canvas_ids, decoder_attention)
+                sc, present = self_conditioning[r, j], has_self_conditioning[r, j]
+                if carrier == "embedding":
+                    with calls.soft_embedding_hook(replace=sc * present.to(sc.dtype)[:, None, None]):
+                        hidden.append(calls.decode(view, canvas_ids, start, mask))
+                else:
+                    hidden.append(calls.decode(view, canvas_ids, start, mask, self_conditioning_logits=sc,
+                                               self_conditioning_mask=present))
+                order.append(here)
+            if c < last:
+                attention = torch.nn.functional.pad(attention, (0, length), value=True)
+                calls.encode(cache, completion_ids[:, c * length : (c + 1) * length], attention, start)
+                start += length
+        return torch.cat(hidden)[torch.cat(order).argsort()]  # canvas order → the states' row-major order
+
+    return calls.inside_forward(replay)

@@ -17,9 +17,10 @@ once per step. :class:`DiffusionGemmaRLDFLoss` builds RLDF on it:
 * **Terms**: REINFORCE / PPO (``num_iterations > 1``) and the k3 KL against the reference, at the same state, per
   target token — the masked-diffusion :class:`~dllm_trl.losses.RLDFLoss`'s own per-token code, normalisation and
   metrics. The distribution is the temperature-scaled one the rollout drew from (``softmax(logits / T_n)``).
-* **Scoring**: the states of a micro-batch are replayed in one call (:func:`~dllm_trl.generation.diffusion_gemma.
-  replay_logits`): the encoder runs over prompt and finished canvases chunk by chunk as in the rollout (with gradient:
-  encoder and decoder share weights), each state's decoder call reads the cache up to its canvas. All sampled steps of
+* **Scoring**: the states of a micro-batch are replayed in one forward of the wrapped model
+  (:func:`~dllm_trl.generation.diffusion_gemma.replay_logits`, so DDP and ZeRO-3 see it): the encoder runs over
+  prompt and finished canvases chunk by chunk as in the rollout (with gradient: encoder and decoder share weights),
+  each state's decoder call reads the cache up to its canvas. All sampled steps of
   a micro-batch form one forward (one backward), as the encoder cache is shared by them, unless
   ``states_per_forward`` splits them (memory: each forward holds its states' full-vocabulary logits).
 
@@ -46,7 +47,7 @@ import dataclasses
 import torch
 
 from ..generation.diffusion_gemma import is_diffusion_gemma, replay_logits
-from ..models.engines import unwrap_model
+from ..models.engines import fsdp_requested, unwrap_model
 from .rldf import INVALID_STEP, sample_timesteps
 from .rldf_loss import LossCall, RLDFLoss, rollout_entries
 from .trust_region_loss import TrustRegionTerms
@@ -125,7 +126,14 @@ class DiffusionGemmaRLDFLoss(RLDFLoss):
 
     # -------------------------------------------------------------------------------------------- rollout side
     def prepare_model(self, model) -> None:
-        """Nothing to change: transformers' class already attends as DiffusionGemma decodes."""
+        """Freeze the encoder's multimodal parts (vision tower, its projection): a text rollout never reaches them, so
+        they get no gradient, and DDP's reducer would wait for one (with ``find_unused_parameters=False``, TRL's default
+        with gradient checkpointing, the next step fails). Attention needs nothing: transformers' class already
+        attends as DiffusionGemma decodes."""
+        encoder = unwrap_model(model).model.encoder
+        for name, param in encoder.named_parameters():
+            if not name.startswith("language_model."):
+                param.requires_grad_(False)
 
     def check_model(self, model) -> None:
         if not is_diffusion_gemma(model):
@@ -133,12 +141,13 @@ class DiffusionGemmaRLDFLoss(RLDFLoss):
                              "Use RLDFLoss for masked-diffusion models.")
         check_no_mask_token(model)
         check_diffusion_gemma_args(self.args, model)
-        if getattr(self.args, "world_size", 1) > 1:
+        if fsdp_requested(self.args):
             raise ValueError(
-                f"{type(self).__name__} runs in one process for now (world_size={self.args.world_size}): the sampler and "
-                "the replay call DiffusionGemma's encoder and decoder modules directly, outside the engine's forward, so "
-                "DDP would not synchronise their gradients and FSDP2 / ZeRO-3 would not gather their weights. Launch "
-                "one process."
+                f"{type(self).__name__} does not run under FSDP yet: DiffusionGemma's encoder layer i and decoder "
+                "layer i share their Parameters (as do the two embeddings and the LM head), and accelerate's FSDP2 "
+                "wrapping shards each layer class on its own, which torch refuses ('Parameter ... is shared with a "
+                "parameter already managed by another FSDP group'). Use DDP or DeepSpeed ZeRO-3 (both tested on 2 "
+                "processes)."
             )
 
     def sample_states(self, prompt_ids, prompt_mask, output, generator, mask_seed_generator):

@@ -8,6 +8,7 @@ Trainers, the sampler and the scoring passes reach the model only through this m
 * :func:`logits_at` runs the wrapped module's own forward, so that every engine's hooks fire (FSDP2's root unit
   gathers the embeddings and the LM head, ZeRO-3 gathers each layer, PEFT applies its adapters), while the LM head
   runs only at the positions the caller reads;
+* :func:`forward_replacing` runs a computation of many submodule calls inside that one forward (same reasons);
 * :func:`paused_gradient_sync` / :func:`backward_without_step` / :func:`backward_syncs_every_call` are what a trainer
   needs to backpropagate one sampled step at a time under each engine;
 * :func:`adapter_base_model` / :func:`load_adapter` read a PEFT adapter folder and put it on its base model.
@@ -128,6 +129,27 @@ def apply_at(model: nn.Module, rows: torch.Tensor, columns: torch.Tensor, fn, **
     return result[0]
 
 
+def forward_replacing(model: nn.Module, inner: nn.Module, fn):
+    """Run ``model``'s own forward (wrappers included) with the submodule ``inner``'s forward replaced, for this call,
+    by ``fn()``; return the model's output.
+
+    For a computation that does not fit the model's forward signature (DiffusionGemma's replay: encoder calls over
+    the prompt and each finished canvas, decoder calls over row-selected views of that cache), done inside the one
+    forward every engine expects: DDP arms its gradient reducer on that forward's output, FSDP2's root unit gathers
+    its weights (embeddings, head, norms) around it, ZeRO-3 gathers each layer ``fn`` reaches, PEFT applies its
+    adapters. ``fn`` returns what ``inner`` would, so the rest of the model's forward (its head) runs on it.
+    """
+    own = inner.__dict__.get("forward")
+    inner.forward = lambda *args, **kwargs: fn()
+    try:
+        return model()
+    finally:
+        if own is None:
+            del inner.forward
+        else:
+            inner.forward = own
+
+
 def keep_buffers_out_of_ddp(model: nn.Module) -> None:
     """Tell DDP not to synchronise ``model``'s buffers (RoPE frequencies: constants, equal on every process).
 
@@ -219,6 +241,14 @@ def is_partitioned(model: nn.Module) -> bool:
 
 def is_fsdp(accelerator) -> bool:
     return getattr(accelerator.state, "fsdp_plugin", None) is not None
+
+
+def fsdp_requested(args) -> bool:
+    """Whether the run asks for FSDP (an accelerate FSDP launch, or ``TrainingArguments.fsdp``), known before the
+    accelerator is built."""
+    import os
+
+    return os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true" or bool(getattr(args, "fsdp", None))
 
 
 def broadcast_from_main(module: nn.Module, accelerator) -> None:

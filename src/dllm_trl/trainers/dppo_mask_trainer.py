@@ -57,8 +57,8 @@ def detect_model_kind(model) -> str:
 
 
 DIFFUSION_GEMMA_PIECES = (
-    "DiffusionGemma is uniform-noise diffusion (no mask token), so the default masked-diffusion loss and sampler do not "
-    "apply: pass loss=DiffusionGemmaTrustRegionLoss(args, vocab_size) (dllm_trl.losses) and "
+    "DiffusionGemma is uniform-noise diffusion (no mask token), so the default masked-diffusion loss and sampler do "
+    "not apply: pass loss=DiffusionGemmaTrustRegionLoss(args, vocab_size) (dllm_trl.losses) and "
     "sampler=DiffusionGemmaSampler(DiffusionGemmaSamplerConfig(gen_length=args.max_completion_length, ...)) "
     "(dllm_trl.generation) to DPPOMaskTrainer / DiffusionDPPOMaskTrainer."
 )
