@@ -1,19 +1,19 @@
 """DiffusionGemma under the engines, launched for real with ``accelerate launch`` and 2 processes on CPU (see
 test_distributed.py): the replay (encoder over prompt and finished canvases, decoder over the sampled states) runs
 inside one forward of the wrapped model (``engines.forward_replacing``), so DDP's reducer synchronises its gradients
-and ZeRO-3 gathers the weights it reaches. DDP: the two processes roll out different prompts, so their replicas stay
-identical only if the gradients are synchronised (the script asserts it; with the replay run outside the DDP wrapper
-they differ), and every text weight trains. ZeRO-3, partitioned at load, must end two RLDF steps (β > 0) on DDP's
-parameters (``AGREEMENT``: 1e-5 absolute, float32; measured 1.1e-6). FSDP2 is refused (see the test). Each launch takes
-≈ 15–20 s here, so none is ``slow``."""
+and ZeRO-3 / FSDP2 gather the weights it reaches. DDP: the two processes roll out different prompts, so their replicas
+stay identical only if the gradients are synchronised (the script asserts it; with the replay run outside the DDP
+wrapper they differ), and every text weight trains. ZeRO-3 (partitioned at load) and FSDP2 (encoder and decoder layer
+i in one shard group, ``engines.shared_parameter_groups``) must end two RLDF steps (β > 0) on DDP's parameters
+(``AGREEMENT``: 1e-5 absolute, float32; measured 1.1e-6 and 1.3e-7). Each launch takes 10–20 s here, so none is
+``slow``."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from dllm_trl import RLDFConfig, load_diffusion_model
-from dllm_trl.losses import DiffusionGemmaRLDFLoss
+from dllm_trl import load_diffusion_model
 from dllm_trl.testing import build_tiny_diffusion_gemma
 
 from .conftest import make_char_tokenizer
@@ -57,12 +57,27 @@ def test_zero3_partitioned_at_load_agrees_with_ddp(ddp, tmp_path, checkpoint):
     assert_agrees(zero3, ddp)
 
 
-def test_fsdp_is_refused(monkeypatch, checkpoint):
-    """accelerate's FSDP2 wrapping shards the encoder and decoder layer classes apart, but they share their weights
-    (a 2-process launch fails with torch's 'shared with a parameter already managed by another FSDP group'): refused
-    before anything is built, naming the engines that work."""
-    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
-    args = RLDFConfig("/tmp/dllm-trl-diffusion-gemma-fsdp", max_completion_length=8, block_length=4, use_cpu=True,
-                      report_to="none", save_strategy="no", num_generations=4, per_device_train_batch_size=4)
-    with pytest.raises(ValueError, match=r"does not run under FSDP yet.*DDP or DeepSpeed ZeRO-3"):
-        DiffusionGemmaRLDFLoss(args).check_model(load_diffusion_model(checkpoint))
+def test_fsdp2_trains_checkpoints_and_agrees_with_ddp(ddp, tmp_path, checkpoint):
+    fsdp2 = launch(tmp_path, f"model={checkpoint}", "family=diffusion_gemma", "fsdp_on_cpu=1", "save=1", config="fsdp")
+    assert fsdp2["distributed_type"] == "DistributedType.FSDP" and fsdp2["sharded"]
+    assert_agrees(fsdp2, ddp)
+    saved = load_diffusion_model(str(tmp_path / "checkpoint-2"))
+    for name, value in saved.state_dict().items():
+        torch.testing.assert_close(value, fsdp2["params"][name], atol=0, rtol=0, msg=name)
+
+
+def test_fsdp2_groups_the_tied_modules(checkpoint):
+    """The FSDP2 shard groups formed before accelerate wraps the rest: encoder layer i with decoder layer i, and the
+    embeddings, LM head and final norms together; a model without such sharing (LLaDA) gets none."""
+    from dllm_trl.models.engines import shared_parameter_groups
+    from dllm_trl.testing import build_tiny_llada
+
+    model = load_diffusion_model(checkpoint)
+    inner = model.model
+    groups = shared_parameter_groups(model)
+    pairs = [[encoder, decoder] for encoder, decoder in zip(inner.encoder.language_model.layers, inner.decoder.layers)]
+    assert groups[:-1] == pairs
+    assert {id(m) for m in groups[-1]} == {id(m) for m in (
+        inner.encoder.language_model.embed_tokens, inner.decoder.embed_tokens, model.lm_head,
+        inner.encoder.language_model.norm, inner.decoder.norm)}
+    assert shared_parameter_groups(build_tiny_llada()) == []

@@ -47,7 +47,7 @@ import dataclasses
 import torch
 
 from ..generation.diffusion_gemma import is_diffusion_gemma, replay_logits
-from ..models.engines import fsdp_requested, unwrap_model
+from ..models.engines import unwrap_model
 from .rldf import INVALID_STEP, sample_timesteps
 from .rldf_loss import LossCall, RLDFLoss, rollout_entries
 from .trust_region_loss import TrustRegionTerms
@@ -141,14 +141,6 @@ class DiffusionGemmaRLDFLoss(RLDFLoss):
                              "Use RLDFLoss for masked-diffusion models.")
         check_no_mask_token(model)
         check_diffusion_gemma_args(self.args, model)
-        if fsdp_requested(self.args):
-            raise ValueError(
-                f"{type(self).__name__} does not run under FSDP yet: DiffusionGemma's encoder layer i and decoder "
-                "layer i share their Parameters (as do the two embeddings and the LM head), and accelerate's FSDP2 "
-                "wrapping shards each layer class on its own, which torch refuses ('Parameter ... is shared with a "
-                "parameter already managed by another FSDP group'). Use DDP or DeepSpeed ZeRO-3 (both tested on 2 "
-                "processes)."
-            )
 
     def sample_states(self, prompt_ids, prompt_mask, output, generator, mask_seed_generator):
         """The batch's trajectory: the rollout's completion and, for ``k`` steps per row drawn by their uncertainty
