@@ -217,7 +217,10 @@ def shared_parameter_groups(model: nn.Module) -> list[list[nn.Module]]:
             joined[0].update(keys)
             joined[1].append(layer)
     in_layers = set().union(*(keys for keys, _ in layer_groups))
-    rest = list({id(m): m for key in shared - in_layers for m in owners[key]}.values())
+    # In module order, the same on every process (a set's order follows the ids, i.e. each process's addresses, and
+    # a group's flat layout must match across processes).
+    outside = shared - in_layers
+    rest = [m for m in base.modules() if any(id(p) in outside for p in m.parameters(recurse=False))]
     if not layer_groups and len(rest) <= 2:  # at most embedding + head: accelerate's own tied-embedding group
         return []
     return [layers for _, layers in layer_groups] + ([rest] if rest else [])
