@@ -23,6 +23,9 @@ Stages:
 * ``llada2``: a LLaDA2.0-mini-shaped MoE block model (``Glm4MoeForCausalLM``, 16B, 256 experts, blocks of 32): the
   rollout at batch 8, gen 256, dynamic 0.9, exact block cache against no cache, peak memory; then one RLDF update
   (LoRA r16 on attention and the dense / shared-expert MLPs, gradient checkpointing, k = 4, packed vs per state).
+* ``diffusion_gemma``: a DiffusionGemma-26B-A4B-shaped model (``diffusion_gemma.py``, bf16, canvas 256, 48 steps):
+  our recording rollout against ``model.generate`` at batch 8, gen 256 (tokens/s, = generate tokens), then one RLDF
+  update at k = 4 with the attention projections trainable.
 """
 
 from __future__ import annotations
@@ -411,6 +414,18 @@ def stage_llada2(kind: str):
     block_diffusion.update_table(block_diffusion.enable_lora(model), args, [4])
 
 
+def stage_diffusion_gemma(kind: str):
+    """The DiffusionGemma-26B-A4B shape: the recording rollout against ``generate``, then one RLDF update."""
+    import diffusion_gemma
+
+    gpu = kind == GPU
+    diffusion_gemma.main(
+        ["--shape", "26b-a4b", "--device", "cuda", "--dtype", "bfloat16", "--batch", "8", "--prompt-length", "128",
+         "--gen-length", "256", "--steps", "48", "--k", "4", "--trainable", "attention"] if gpu else
+        ["--batch", "2", "--prompt-length", "16", "--gen-length", "64", "--steps", "8", "--k", "2", "--threads", "1"]
+    )
+
+
 STAGES = {
     "rollout-llada": lambda kind: stage_rollout(kind, "llada"),
     "rollout-dream": lambda kind: stage_rollout(kind, "dream"),
@@ -420,6 +435,7 @@ STAGES = {
     "dppo": stage_dppo,
     "block": stage_block,
     "llada2": stage_llada2,
+    "diffusion_gemma": stage_diffusion_gemma,
 }
 
 

@@ -5,7 +5,8 @@ Usage: ``distributed_rldf.py OUTPUT_DIR [key=value ...]``; keys: ``model`` (``me
 else a checkpoint folder, loaded *after* the training arguments so that ZeRO-3 can partition it at load), ``beta``,
 ``backward_mode`` (passed only when given), ``steps``, ``save`` (``1``: a checkpoint at the last step),
 ``fsdp_on_cpu`` (see :func:`fsdp_state_on_cpu`), ``use_cpu``, ``count_comm`` (count collectives during training,
-for ``benchmarks/engines.py``). Every process checks that its view of the full parameters, and its buffers, equal
+for ``benchmarks/engines.py``), ``family`` (``diffusion_gemma``: ``model`` is a DiffusionGemma checkpoint, trained
+with its own sampler and loss). Every process checks that its view of the full parameters, and its buffers, equal
 the others'; rank 0 writes ``OUTPUT_DIR/result.pt`` (losses, KLs, the full trained parameters, the engine that ran).
 The harness reads the engines through accelerate and torch only, not through the code under test.
 """
@@ -26,13 +27,20 @@ sys.path.insert(0, __file__.rsplit("/", 2)[0])
 from tests.conftest import addition_dataset, length_reward, make_char_tokenizer  # noqa: E402
 
 from dllm_trl import load_diffusion_model  # noqa: E402
+from dllm_trl.generation import DiffusionGemmaSampler, DiffusionGemmaSamplerConfig  # noqa: E402
+from dllm_trl.losses import DiffusionGemmaRLDFLoss  # noqa: E402
 from dllm_trl.testing import build_tiny_llada  # noqa: E402
 from dllm_trl.trainers import RLDFConfig, RLDFTrainer  # noqa: E402
 
 
+def distinct_reward(completions, **kwargs):
+    """A reward that varies between a random model's completions: distinct characters and length."""
+    return [len(set(c)) + 0.1 * len(c) for c in completions]
+
+
 def parse(argv):
     options = dict(model="memory", beta="0.01", backward_mode="", steps="2", save="0", fsdp_on_cpu="0", use_cpu="1",
-                   count_comm="0")
+                   count_comm="0", family="masked")
     for item in argv:
         key, value = item.split("=", 1)
         if key not in options:
@@ -120,23 +128,32 @@ def main(output_dir: str, options: dict):
     if options["backward_mode"]:
         extra["backward_mode"] = options["backward_mode"]
     steps = int(options["steps"])
+    gemma = options["family"] == "diffusion_gemma"
+    if not gemma:
+        extra["temperature"] = 1.0  # a masked-diffusion decoding field (DiffusionGemma's follows its schedule)
     args = RLDFConfig(
         output_dir=output_dir, per_device_train_batch_size=4 // int(os.environ.get("WORLD_SIZE", "1")),
-        num_generations=4, max_steps=steps, logging_steps=1, report_to="none", learning_rate=1e-3, temperature=1.0,
+        num_generations=4, max_steps=steps, logging_steps=1, report_to="none", learning_rate=1e-3,
         beta=float(options["beta"]), seed=0, use_cpu=options["use_cpu"] == "1",
         bf16=False,  # fp32 everywhere, so that engines can be compared tightly
         save_strategy="steps" if options["save"] == "1" else "no", save_steps=steps, max_completion_length=8,
         block_length=4, num_sampled_timesteps=4, drop_zero_variance_groups=True, **extra,
     )
+    pieces, reward = {}, length_reward
     if options["model"] == "memory":
         torch.manual_seed(0)
         model = build_tiny_llada(vocab_size=len(tokenizer), mask_token_id=tokenizer.mask_token_id,
                                  eos_token_id=tokenizer.eos_token_id)
+    elif gemma:
+        model = load_diffusion_model(options["model"])
+        pieces["sampler"] = DiffusionGemmaSampler(DiffusionGemmaSamplerConfig(gen_length=8, max_denoising_steps=3))
+        pieces["loss"] = DiffusionGemmaRLDFLoss(args)
+        reward = distinct_reward
     else:
         model = load_diffusion_model(options["model"], mask_token_id=tokenizer.mask_token_id)
     partitioned_at_load = any(hasattr(p, "ds_id") for p in model.parameters())
-    trainer = RLDFTrainer(model=model, reward_funcs=length_reward, args=args, train_dataset=addition_dataset(),
-                          processing_class=tokenizer)
+    trainer = RLDFTrainer(model=model, reward_funcs=reward, args=args, train_dataset=addition_dataset(),
+                          processing_class=tokenizer, **pieces)
     COMMUNICATION["on"] = options["count_comm"] == "1"
     trainer.add_callback(CommunicationPerStep())
     trainer.train()

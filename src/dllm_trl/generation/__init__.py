@@ -2,12 +2,17 @@
 
 from .behaviour import BehaviourCapture, appended_logits_processor
 from .config import CACHE_MODES, SAMPLING_STYLES, UNMASKING_MODES, DiffusionGenerationConfig
+from .diffusion_gemma import DiffusionGemmaSampler, DiffusionGemmaSamplerConfig
 from .decode import DecodedPrompts, decode_completions, decode_prompts, encode_prompts
 from .sampler import NEVER_COMMITTED, DiffusionGenerationOutput, diffusion_generate, draw_candidates, static_schedule
 from .samplers import MaskedDiffusionSampler
+from .trajectory import DenoisingSteps
 
 __all__ = [
     "BehaviourCapture",
+    "DenoisingSteps",
+    "DiffusionGemmaSampler",
+    "DiffusionGemmaSamplerConfig",
     "MaskedDiffusionSampler",
     "appended_logits_processor",
     "CACHE_MODES",

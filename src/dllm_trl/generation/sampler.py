@@ -32,6 +32,7 @@ from ..models.engines import logits_at, unwrap_model
 from ..models.routing import RoutingCapture
 from .cache import BlockCache, CanvasCache, cache_keyword
 from .config import DiffusionGenerationConfig
+from .trajectory import DenoisingSteps
 
 NEVER_COMMITTED = 2**31 - 1
 """``commit_step`` of positions the sampler never decoded (filled with EOS after an early stop)."""
@@ -49,6 +50,9 @@ class DiffusionGenerationOutput:
     top-K (when ``record_topk > 0``). ``nfe``: model forward passes. ``num_steps`` (B,): steps per row.
     ``routed_experts`` (B, G, MoE layers, k) int16 (when ``record_routing``): the experts each position was routed to
     at each MoE layer in the forward of the step that committed it (−1 where nothing was committed).
+    ``denoising_steps``: the per-step record of a rollout that accepts a position at many steps (uniform-noise
+    diffusion, :class:`~dllm_trl.generation.trajectory.DenoisingSteps`); None for masked diffusion, where
+    ``commit_step`` is the whole story.
     """
 
     sequences: torch.Tensor
@@ -61,6 +65,14 @@ class DiffusionGenerationOutput:
     nfe: int
     num_steps: torch.Tensor
     routed_experts: torch.Tensor | None = None
+    denoising_steps: DenoisingSteps | None = None
+
+
+def completion_mask_to_eos(completion: torch.Tensor, eos: torch.Tensor) -> torch.Tensor:
+    """(B, G) long: 1 up to and including each row's first EOS (every position when it has none)."""
+    is_eos = torch.isin(completion, eos)
+    first_eos = torch.where(is_eos.any(1), is_eos.int().argmax(1), completion.shape[1])
+    return (torch.arange(completion.shape[1], device=completion.device)[None, :] <= first_eos[:, None]).long()
 
 
 def static_schedule(block_length: int, steps_per_block: int) -> list[int]:
@@ -478,9 +490,7 @@ def _decode(model, input_ids, attention_mask, cfg, generator, step_callback, rou
     if topk:
         topk_ids, topk_logps = topk_ids[:, :gen], topk_logps[:, :gen]
     completion = canvas[:, prompt_len:]
-    is_eos = torch.isin(completion, eos_tensor)
-    first_eos = torch.where(is_eos.any(1), is_eos.int().argmax(1), gen)
-    completion_mask = (torch.arange(gen, device=device)[None, :] <= first_eos[:, None]).long()
+    completion_mask = completion_mask_to_eos(completion, eos_tensor)
     dense_step, num_steps = _dense_step_ranks(commit_step, step)
     return DiffusionGenerationOutput(
         sequences=canvas[:, pad:],

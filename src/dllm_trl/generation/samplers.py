@@ -7,6 +7,7 @@ import torch
 
 from ..models.bidirectional import diffusion_block_size
 from .config import DiffusionGenerationConfig
+from .diffusion_gemma import is_diffusion_gemma
 from .sampler import DiffusionGenerationOutput, check_block_decoding, diffusion_generate
 
 
@@ -20,6 +21,10 @@ class MaskedDiffusionSampler:
     def check_model(self, model) -> None:
         """Refuse settings the model cannot decode with (e.g. a block-diffusion model's block size), and a
         ``reference_decoder``, whose prompt alignment the training forward does not share."""
+        if is_diffusion_gemma(model):
+            raise ValueError("DiffusionGemma is uniform-noise diffusion (no mask token, canvases of its own length): "
+                             "decode it with DiffusionGemmaSampler(DiffusionGemmaSamplerConfig(...)), not "
+                             "MaskedDiffusionSampler.")
         check_block_decoding(self.config, diffusion_block_size(model))
         if self.config.reference_decoder is not None:
             raise ValueError(

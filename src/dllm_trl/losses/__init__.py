@@ -1,6 +1,6 @@
 """Trajectory -> sampled states -> per-token loss terms (SPEC §2–3): tensor functions, and the loss objects the
 trainers call (:class:`RLDFLoss`, :class:`MoERLDFLoss`, :class:`DiffusionTrustRegionLoss`,
-:class:`CausalTrustRegionLoss`)."""
+:class:`CausalTrustRegionLoss`, :class:`DiffusionGemmaRLDFLoss`)."""
 
 from .rldf import (
     INVALID_STEP,
@@ -13,12 +13,15 @@ from .rldf import (
     sequential_target_mask,
     step_uncertainty,
 )
+from .diffusion_gemma_loss import DiffusionGemmaRLDFLoss, DiffusionGemmaTrustRegionLoss
 from .rldf_loss import LossCall, RLDFLoss, zero_variance_rows
 from .routing_drift import MoERLDFLoss, RoutingDriftMixin, expert_set_agreement
 from .trust_region_loss import CausalTrustRegionLoss, DiffusionTrustRegionLoss
 
 __all__ = [
     "CausalTrustRegionLoss",
+    "DiffusionGemmaRLDFLoss",
+    "DiffusionGemmaTrustRegionLoss",
     "DiffusionTrustRegionLoss",
     "LossCall",
     "MoERLDFLoss",

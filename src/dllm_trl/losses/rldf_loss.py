@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..models.bidirectional import attention_mask_dtype, diffusion_block_size, diffusion_config
+from ..generation.diffusion_gemma import is_diffusion_gemma
+from ..models.bidirectional import attention_mask_dtype, diffusion_block_size, diffusion_config, make_bidirectional
 from ..models.scoring import chunked_token_logps_at, completion_token_logps
 from .estimators import (
     ESTIMATORS,
@@ -52,6 +53,18 @@ from .rldf import (
 TRAJECTORY_KEYS = ("rollout_prompt_ids", "rollout_prompt_mask", "rollout_ids", "commit_step", "valid_mask",
                    "sampled_steps")
 """Batch keys of the recorded trajectory (plus ``mask_seed``) that travel with TRL's batch."""
+
+
+def rollout_entries(prompt_ids, prompt_mask, output) -> dict:
+    """The batch entries every diffusion loss keeps of a rollout: its prompts, completion, commit steps and valid
+    mask."""
+    return {
+        "rollout_prompt_ids": prompt_ids,
+        "rollout_prompt_mask": prompt_mask,
+        "rollout_ids": output.completion_ids,
+        "commit_step": output.commit_step,
+        "valid_mask": output.completion_mask,
+    }
 
 
 def zero_variance_rows(rewards: torch.Tensor, num_generations: int, reward_weights: torch.Tensor,
@@ -131,7 +144,18 @@ class RLDFLoss:
         return {"record_topk": self.record_topk} if self.record_topk else {}
 
     # -------------------------------------------------------------------------------------------- rollout side
+    def prepare_model(self, model) -> None:
+        """Set the model up for this loss's forwards before the trainer wraps it: masked diffusion attends
+        bidirectionally (block-causally for a block-diffusion model)."""
+        make_bidirectional(model)
+
     def check_model(self, model) -> None:
+        if is_diffusion_gemma(model):
+            raise ValueError(
+                f"{type(self).__name__} scores masked-diffusion states; DiffusionGemma (uniform-noise diffusion) has its "
+                "own loss and sampler: pass loss=DiffusionGemmaRLDFLoss(args) (dllm_trl.losses) and "
+                "sampler=DiffusionGemmaSampler(...) (dllm_trl.generation)."
+            )
         estimator = self.args.policy_estimator
         if estimator not in self.supported_estimators:
             raise ValueError(
@@ -166,11 +190,7 @@ class RLDFLoss:
         rows = output.completion_ids.shape[0]
         mask_seed = torch.randint(0, 2**62, (rows,), generator=mask_seed_generator).to(prompt_ids.device)
         trajectory = {
-            "rollout_prompt_ids": prompt_ids,
-            "rollout_prompt_mask": prompt_mask,
-            "rollout_ids": output.completion_ids,
-            "commit_step": output.commit_step,
-            "valid_mask": output.completion_mask,
+            **rollout_entries(prompt_ids, prompt_mask, output),
             "sampled_steps": estimator_steps(
                 args.policy_estimator, sampled, output.completion_mask, mask_seed, args.complementary_masking
             ),

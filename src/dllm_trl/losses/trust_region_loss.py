@@ -75,6 +75,35 @@ class TrustRegionTerms:
         parts = {"keep": keep, "div": div, "direction": direction, "log_ratio": log_ratio, "weights": weights}
         return terms, parts
 
+    @staticmethod
+    def mask_buffers(shape, device) -> dict:
+        """Per-target buffers (B, k, G) of the mask quantities (:data:`MASK_PARTS`) that the step terms fill."""
+        return {
+            "keep": torch.ones(shape, dtype=torch.bool, device=device),
+            "div": torch.zeros(shape, device=device),
+            "direction": torch.zeros(shape, device=device),
+            "log_ratio": torch.zeros(shape, device=device),
+            "weights": torch.ones(shape, device=device),
+            "from_rollout": torch.zeros(shape, dtype=torch.bool, device=device),
+        }
+
+    def target_mask_metric_sums(self, inputs, call) -> dict:
+        """:meth:`mask_metric_sums` over the targets of the sampled states of a diffusion batch."""
+        advantages = inputs["advantages"].view(-1, 1, 1).expand(inputs["target_mask"].shape)
+        return self.mask_metric_sums(inputs["target_mask"], advantages, **call.extra)
+
+    def kl_and_parts(self, call, inputs, at, terms, parts, action_logps, old_logps):
+        """``terms`` plus ``β`` · k3 KL to the reference at the target positions ``at`` = (rows, steps, columns), with
+        the KL and the mask ``parts`` stored in ``call`` for the metrics."""
+        if call.beta != 0.0:
+            step_kl = corrected_k3_kl(action_logps, inputs["ref_per_token_logps"][at], old_logps,
+                                      self.args.use_bias_correction_kl)
+            terms = terms + call.beta * step_kl
+            call.kl[at] = step_kl.detach()
+        for name, value in parts.items():
+            call.extra[name][at] = value.detach().to(call.extra[name].dtype)
+        return terms
+
     def record(self, loss_mask, **tensors):
         if self.records is None:
             return
@@ -258,15 +287,7 @@ class DiffusionTrustRegionLoss(TrustRegionTerms, RLDFLoss):
 
     def begin(self, inputs, normalizer, beta, epsilon_low, epsilon_high, count_targets=False) -> LossCall:
         call = super().begin(inputs, normalizer, beta, epsilon_low, epsilon_high, count_targets)
-        shape, device = inputs["target_mask"].shape, inputs["target_mask"].device
-        call.extra = {
-            "keep": torch.ones(shape, dtype=torch.bool, device=device),
-            "div": torch.zeros(shape, device=device),
-            "direction": torch.zeros(shape, device=device),
-            "log_ratio": torch.zeros(shape, device=device),
-            "weights": torch.ones(shape, device=device),
-            "from_rollout": torch.zeros(shape, dtype=torch.bool, device=device),
-        }
+        call.extra = self.mask_buffers(inputs["target_mask"].shape, inputs["target_mask"].device)
         return call
 
     def step_loss(self, model, inputs, j, call: LossCall, scored=None):
@@ -311,15 +332,9 @@ class DiffusionTrustRegionLoss(TrustRegionTerms, RLDFLoss):
         if call.sampling_logps is not None:  # on-policy: this forward is π_old's, scored as the sampler draws
             call.sampling_logps[rows, j, columns] = logps.detach()
             call.sampling_scored[rows, j, columns] = committed_now
-        if call.beta != 0.0:
-            old = inputs["old_per_token_logps"][rows, j, columns] if has_old else None
-            step_kl = corrected_k3_kl(view.raw_action, inputs["ref_per_token_logps"][rows, j, columns], old,
-                                      args.use_bias_correction_kl)
-            terms = terms + call.beta * step_kl
-            call.kl[rows, j, columns] = step_kl.detach()
         parts["from_rollout"] = from_rollout
-        for name, value in parts.items():
-            call.extra[name][rows, j, columns] = value.detach().to(call.extra[name].dtype)
+        old = inputs["old_per_token_logps"][rows, j, columns] if has_old else None
+        terms = self.kl_and_parts(call, inputs, (rows, j, columns), terms, parts, view.raw_action, old)
         self.record(
             torch.ones_like(from_rollout), mu_ids=mu_ids, mu_logps=mu_logps, mu_action_logps=mu_action,
             pi_support=pi_support, action=action, advantages=advantages, **parts,
@@ -328,6 +343,5 @@ class DiffusionTrustRegionLoss(TrustRegionTerms, RLDFLoss):
 
     def metric_sums(self, inputs, call: LossCall) -> dict:
         sums = super().metric_sums(inputs, call)
-        advantages = inputs["advantages"].view(-1, 1, 1).expand(inputs["target_mask"].shape)
-        sums.update(self.mask_metric_sums(inputs["target_mask"], advantages, **call.extra))
+        sums.update(self.target_mask_metric_sums(inputs, call))
         return sums

@@ -8,6 +8,7 @@ Trainers, the sampler and the scoring passes reach the model only through this m
 * :func:`logits_at` runs the wrapped module's own forward, so that every engine's hooks fire (FSDP2's root unit
   gathers the embeddings and the LM head, ZeRO-3 gathers each layer, PEFT applies its adapters), while the LM head
   runs only at the positions the caller reads;
+* :func:`forward_replacing` runs a computation of many submodule calls inside that one forward (same reasons);
 * :func:`paused_gradient_sync` / :func:`backward_without_step` / :func:`backward_syncs_every_call` are what a trainer
   needs to backpropagate one sampled step at a time under each engine;
 * :func:`adapter_base_model` / :func:`load_adapter` read a PEFT adapter folder and put it on its base model.
@@ -128,6 +129,27 @@ def apply_at(model: nn.Module, rows: torch.Tensor, columns: torch.Tensor, fn, **
     return result[0]
 
 
+def forward_replacing(model: nn.Module, inner: nn.Module, fn):
+    """Run ``model``'s own forward (wrappers included) with the submodule ``inner``'s forward replaced, for this call,
+    by ``fn()``; return the model's output.
+
+    For a computation that does not fit the model's forward signature (DiffusionGemma's replay: encoder calls over
+    the prompt and each finished canvas, decoder calls over row-selected views of that cache), done inside the one
+    forward every engine expects: DDP arms its gradient reducer on that forward's output, FSDP2's root unit gathers
+    its weights (embeddings, head, norms) around it, ZeRO-3 gathers each layer ``fn`` reaches, PEFT applies its
+    adapters. ``fn`` returns what ``inner`` would, so the rest of the model's forward (its head) runs on it.
+    """
+    own = inner.__dict__.get("forward")
+    inner.forward = lambda *args, **kwargs: fn()
+    try:
+        return model()
+    finally:
+        if own is None:
+            del inner.forward
+        else:
+            inner.forward = own
+
+
 def keep_buffers_out_of_ddp(model: nn.Module) -> None:
     """Tell DDP not to synchronise ``model``'s buffers (RoPE frequencies: constants, equal on every process).
 
@@ -141,7 +163,8 @@ def keep_buffers_out_of_ddp(model: nn.Module) -> None:
 
 
 def prepare_model_buffers(model: nn.Module, accelerator) -> None:
-    """What the engines need done about ``model``'s buffers before they wrap it (the policy, at the trainer's set-up).
+    """What the engines need done about ``model``'s buffers and shared Parameters before they wrap it (the policy, at
+    the trainer's set-up).
 
     * DDP must not synchronise them (:func:`keep_buffers_out_of_ddp`).
     * FSDP2 with ``cpu_ram_efficient_loading``: transformers loaded the weights on rank 0 only (zeros elsewhere), and
@@ -152,16 +175,79 @@ def prepare_model_buffers(model: nn.Module, accelerator) -> None:
       issue 3898). For a model with persistent buffers, rank 0's parameters and buffers are broadcast here and
       accelerate's meta-device path is switched off (accelerate's own advice where it cannot take a model), so it
       shards each process's full copy; the checkpoint is still read on rank 0 only.
+    * FSDP2 and Parameters shared between layers (DiffusionGemma's encoder and decoder): the modules sharing them are
+      sharded as one group each before accelerate wraps the rest (:func:`shard_shared_parameter_groups`), with the
+      meta-device path switched off as above.
     """
     keep_buffers_out_of_ddp(model)
-    plugin = getattr(accelerator.state, "fsdp_plugin", None)
-    if not (getattr(accelerator, "is_fsdp2", False) and plugin.cpu_ram_efficient_loading):
+    if not getattr(accelerator, "is_fsdp2", False):
         return
+    plugin = accelerator.state.fsdp_plugin
     persistent = any(name not in module._non_persistent_buffers_set
                      for module in model.modules() for name, _ in module.named_buffers(recurse=False))
-    if persistent:
+    tied = shared_parameter_groups(model)
+    if plugin.cpu_ram_efficient_loading and (persistent or tied):
         broadcast_from_main(model, accelerator)
         plugin.cpu_ram_efficient_loading = False
+    if tied:
+        shard_shared_parameter_groups(model, accelerator, tied)
+
+
+def shared_parameter_groups(model: nn.Module) -> list[list[nn.Module]]:
+    """Groups of modules that must share one FSDP2 shard group because they hold the same Parameters: the layers
+    (``_no_split_modules`` classes) joined by a shared Parameter, then one group of the other modules holding a shared
+    Parameter (tied embeddings, LM head, norms). Empty when no Parameter is shared, or only between the input
+    embedding and the LM head (accelerate groups those itself)."""
+    base = unwrap_model(model)
+    owners: dict[int, list[nn.Module]] = {}
+    for module in base.modules():
+        for param in module.parameters(recurse=False):
+            owners.setdefault(id(param), []).append(module)
+    shared = {key for key, modules in owners.items() if len(modules) > 1}
+    layer_classes = set(getattr(base, "_no_split_modules", None) or ())
+    layer_groups: list[tuple[set, list[nn.Module]]] = []
+    for layer in (m for m in base.modules() if type(m).__name__ in layer_classes):
+        keys = {id(p) for p in layer.parameters()} & shared
+        if not keys:
+            continue
+        joined = next((group for group in layer_groups if group[0] & keys), None)
+        if joined is None:
+            layer_groups.append((keys, [layer]))
+        else:
+            joined[0].update(keys)
+            joined[1].append(layer)
+    in_layers = set().union(*(keys for keys, _ in layer_groups))
+    # In module order, the same on every process (a set's order follows the ids, i.e. each process's addresses, and
+    # a group's flat layout must match across processes).
+    outside = shared - in_layers
+    rest = [m for m in base.modules() if any(id(p) in outside for p in m.parameters(recurse=False))]
+    if not layer_groups and len(rest) <= 2:  # at most embedding + head: accelerate's own tied-embedding group
+        return []
+    return [layers for _, layers in layer_groups] + ([rest] if rest else [])
+
+
+def shard_shared_parameter_groups(model: nn.Module, accelerator, groups: list[list[nn.Module]]) -> None:
+    """FSDP2: shard each of ``groups`` (:func:`shared_parameter_groups`) as one unit before accelerate wraps the rest.
+
+    accelerate shards every ``_no_split_modules`` layer on its own and carves the embeddings, final norm and LM head
+    into one group; where layers of two classes share their Parameters (DiffusionGemma: encoder layer i and decoder
+    layer i; also its two embeddings, head and norms) a Parameter would land in two groups, which torch refuses
+    ("shared with a parameter already managed by another FSDP group"). accelerate skips modules already sharded and
+    wraps the rest as usual; it is told the layer classes the model really contains (``_no_split_modules`` may name
+    others, e.g. an audio layer the text model lacks, which accelerate cannot find)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    plugin = accelerator.state.fsdp_plugin
+    mesh = getattr(accelerator, "torch_device_mesh", None)
+    kwargs = dict(reshard_after_forward=plugin.reshard_after_forward, offload_policy=plugin.cpu_offload,
+                  mp_policy=plugin.mixed_precision_policy or MixedPrecisionPolicy(),
+                  mesh=mesh[tuple(accelerator.parallelism_config.fsdp_dim_names)] if mesh is not None else None)
+    for group in groups:
+        fully_shard(group, **kwargs)
+    base = unwrap_model(model)
+    present = {type(m).__name__ for m in base.modules()}
+    if plugin.transformer_cls_names_to_wrap is None:
+        plugin.transformer_cls_names_to_wrap = [name for name in base._no_split_modules if name in present]
 
 
 def is_deepspeed(accelerator) -> bool:

@@ -22,6 +22,7 @@ from contextlib import ExitStack
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
+    DiffusionGemmaForBlockDiffusion,
     Glm4MoeConfig,
     Glm4MoeForCausalLM,
     LlamaConfig,
@@ -89,10 +90,12 @@ def read_raw_config(name_or_path: str, **hub_kwargs) -> dict:
 
 
 def checkpoint_family(raw: dict) -> str:
-    """``"llada"``, ``"dream"``, ``"sdar"``, ``"fast_dllm_v2"``, ``"llada2"`` or ``"causal"`` from the config's model
-    type / architectures."""
+    """``"llada"``, ``"dream"``, ``"sdar"``, ``"fast_dllm_v2"``, ``"llada2"``, ``"diffusion_gemma"`` or ``"causal"``
+    from the config's model type / architectures."""
     model_type = str(raw.get("model_type", "")).lower()
     architectures = [a.lower() for a in raw.get("architectures") or []]
+    if model_type == "diffusion_gemma" or any(a.startswith("diffusiongemma") for a in architectures):
+        return "diffusion_gemma"
     if model_type.startswith("llada2") or any(a.startswith("llada2") for a in architectures):
         return "llada2"
     if model_type == "llada" or any(a.startswith("llada") for a in architectures):
@@ -354,6 +357,9 @@ def load_diffusion_model(
     * LLaDA2.0 / 2.1 checkpoints -> ``Glm4MoeForCausalLM``, block-causal with blocks of 32 (``block_size``
       overrides), mask token 156895 and EOS 156892 (the official ``generate``'s) unless ``mask_token_id`` / the
       config say otherwise; safetensors only.
+    * DiffusionGemma checkpoints -> transformers' own ``DiffusionGemmaForBlockDiffusion``, unchanged: uniform-noise
+      diffusion with no mask token, so ``mask_token_id`` / ``logit_shift`` / ``sampling`` / ``block_size`` are
+      refused (decode and train it with ``DiffusionGemmaSampler`` and ``DiffusionGemmaRLDFLoss``).
     * Any other causal-LM checkpoint, when ``mask_token_id`` is given (or already on its config, e.g. a
       checkpoint saved by this function, whose block size, if any, is on its config too; ``block_size`` makes any
       checkpoint block-causal).
@@ -367,6 +373,16 @@ def load_diffusion_model(
     hub_kwargs = {k: from_pretrained_kwargs[k] for k in ("revision", "token", "cache_dir") if k in from_pretrained_kwargs}
     raw = read_raw_config(name_or_path, **hub_kwargs)
     family = checkpoint_family(raw)
+    if family == "diffusion_gemma":
+        given = {name: value for name, value in (("mask_token_id", mask_token_id), ("logit_shift", logit_shift),
+                                                 ("sampling", sampling), ("block_size", block_size)) if value is not None}
+        if given:
+            raise ValueError(
+                f"{', '.join(f'{k}={v!r}' for k, v in given.items())}: masked-diffusion properties, and DiffusionGemma is "
+                "uniform-noise diffusion (no mask token; its canvas length is config.canvas_length). Load it without "
+                "them: load_diffusion_model(path)."
+            )
+        return DiffusionGemmaForBlockDiffusion.from_pretrained(name_or_path, **from_pretrained_kwargs)
     if block_size is not None and family in ("llada", "dream"):
         raise ValueError(
             f"block_size={block_size}: {family} checkpoints are trained with bidirectional attention; block_size applies "

@@ -1,11 +1,13 @@
-"""Randomly initialised LLaDA-, Dream-, SDAR- and Fast-dLLM-v2-shaped models, small by default (no download), and
-the published 8B shapes the benchmarks build at full size on a GPU."""
+"""Randomly initialised LLaDA-, Dream-, SDAR-, Fast-dLLM-v2-, LLaDA2- and DiffusionGemma-shaped models, small by
+default (no download), and the published shapes the benchmarks build at full size on a GPU."""
 
 from __future__ import annotations
 
 import torch
 from transformers import Glm4MoeConfig, Glm4MoeForCausalLM, LlamaConfig, LlamaForCausalLM
 from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion, DiffusionGemmaTextConfig
+from transformers import Gemma4VisionConfig
 
 from ..models.bidirectional import set_diffusion_properties
 
@@ -31,6 +33,14 @@ LLADA2_MINI_SHAPE = dict(
     rms_norm_eps=1e-6, rope_theta=600000.0, mask_token_id=156895, eos_token_id=156892,
 )
 """LLaDA2.0-mini (16B total, 1.4B active): its published config.json in Glm4Moe's names."""
+DIFFUSION_GEMMA_26B_A4B_SHAPE = dict(
+    vocab_size=262144, hidden_size=2816, intermediate_size=2112, num_hidden_layers=30, num_attention_heads=16,
+    num_key_value_heads=8, head_dim=256, global_head_dim=512, num_global_key_value_heads=2, sliding_window=1024,
+    num_experts=128, top_k_experts=8, moe_intermediate_size=704, canvas_length=256,
+)
+"""DiffusionGemma-26B-A4B's text shape as we read Gemma 4 26B-A4B's (MoE, 128 experts, 8 active; sliding layers 5:1).
+Not checked against the checkpoint's config.json (no hub here): the record-size figures use ``hidden_size`` and
+``vocab_size`` only."""
 
 
 def _config(config_class, rope_theta: float, eos_token_id: int, **fields):
@@ -179,3 +189,48 @@ def build_tiny_llada2(mask_token_id: int | None = None, block_size: int = 4, see
             if hasattr(module, "e_score_correction_bias"):
                 module.e_score_correction_bias.normal_(0.0, 0.3)
     return model
+
+
+def tiny_diffusion_gemma_config(
+    vocab_size: int = 64, hidden_size: int = 32, intermediate_size: int = 64, num_hidden_layers: int = 2,
+    num_attention_heads: int = 2, num_key_value_heads: int = 1, head_dim: int = 16, sliding_window: int = 8,
+    num_experts: int = 4, top_k_experts: int = 2, moe_intermediate_size: int = 16, canvas_length: int = 8,
+    eos_token_id: int = 1, pad_token_id: int = 0, bos_token_id: int = 2, max_position_embeddings: int = 1024,
+    global_head_dim: int | None = None, num_global_key_value_heads: int | None = None, **_: object,
+) -> DiffusionGemmaConfig:
+    """A small ``DiffusionGemmaConfig``: five sliding-window layers per full-attention one (the last layer full), MoE
+    next to the dense MLP as in the 26B-A4B model, a canvas of ``canvas_length`` tokens, and a one-layer vision tower
+    of a few thousand weights (``vision_config=None`` would build Gemma 4's full 167M-weight tower). The image / begin- / end-of-image
+    ids are the vocabulary's last three. ``global_head_dim`` / ``num_global_key_value_heads``: the full-attention
+    layers' own head size and KV heads (default: the sliding layers')."""
+    layer_types = (["sliding_attention"] * 5 + ["full_attention"]) * (num_hidden_layers // 6) + (
+        ["sliding_attention"] * (num_hidden_layers % 6 - 1) + ["full_attention"] if num_hidden_layers % 6 else [])
+    text = DiffusionGemmaTextConfig(
+        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
+        num_hidden_layers=num_hidden_layers, num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads, head_dim=head_dim, global_head_dim=global_head_dim or head_dim,
+        num_global_key_value_heads=num_global_key_value_heads,
+        sliding_window=sliding_window, layer_types=layer_types, num_experts=num_experts, top_k_experts=top_k_experts,
+        moe_intermediate_size=moe_intermediate_size, max_position_embeddings=max_position_embeddings,
+        eos_token_id=eos_token_id, pad_token_id=pad_token_id, bos_token_id=bos_token_id,
+    )
+    vision = Gemma4VisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                num_key_value_heads=2, head_dim=8)
+    return DiffusionGemmaConfig(text_config=text, vision_config=vision, canvas_length=canvas_length,
+                                image_token_id=vocab_size - 1, boi_token_id=vocab_size - 2, eoi_token_id=vocab_size - 3)
+
+
+def build_tiny_diffusion_gemma(seed: int = 0, dtype: torch.dtype | None = None, attn_implementation: str = "sdpa",
+                               **config_kwargs) -> DiffusionGemmaForBlockDiffusion:
+    """A random ``DiffusionGemmaForBlockDiffusion`` (transformers' own class: no diffusion properties to set, it has
+    no mask token) with weights drawn from ``seed`` (the global RNG untouched), in eval mode. ``config_kwargs``: see
+    :func:`tiny_diffusion_gemma_config`."""
+    config = tiny_diffusion_gemma_config(**config_kwargs)
+    config._attn_implementation = attn_implementation
+    config.text_config._attn_implementation = attn_implementation
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = DiffusionGemmaForBlockDiffusion(config)
+    if dtype is not None:
+        model = model.to(dtype)
+    return model.eval()

@@ -55,11 +55,13 @@ def reference_copy(model, load=None):
     config = base.config
     from_pretrained_kwargs = dict(dtype=base.dtype, attn_implementation=config._attn_implementation)
     if load is None:
-        return load_diffusion_model(
-            path, mask_token_id=config.mask_token_id, logit_shift=getattr(config, "diffusion_logit_shift", False),
-            sampling=getattr(config, "diffusion_sampling", None), block_size=diffusion_block_size(config),
-            **from_pretrained_kwargs,
-        )
+        properties = {}  # a model without a mask token (DiffusionGemma) is loaded as its checkpoint says
+        if getattr(config, "mask_token_id", None) is not None:
+            properties = dict(mask_token_id=config.mask_token_id,
+                              logit_shift=getattr(config, "diffusion_logit_shift", False),
+                              sampling=getattr(config, "diffusion_sampling", None),
+                              block_size=diffusion_block_size(config))
+        return load_diffusion_model(path, **properties, **from_pretrained_kwargs)
     return load(path, **from_pretrained_kwargs)
 
 
@@ -89,6 +91,18 @@ def check_training_inputs(model, train_dataset, tokenizer) -> None:
             f"The tokenizer's mask token (id {tokenizer_mask}) is not the model's (config.mask_token_id={model_mask}): "
             "the model would be trained on a token it was never pre-trained to fill. Pass the checkpoint's tokenizer, or "
             "load the model with load_diffusion_model(..., mask_token_id=...)."
+        )
+
+
+def check_sampler_length(sampler_config, args) -> None:
+    """A sampler handed to the trainer decodes its own ``gen_length``; TRL pads, scores and normalises completions to
+    ``max_completion_length``. Refuse them differing, before anything is built."""
+    gen_length = getattr(sampler_config, "gen_length", None)
+    if gen_length is not None and gen_length != args.max_completion_length:
+        raise ValueError(
+            f"The sampler's gen_length={gen_length} differs from max_completion_length={args.max_completion_length}: "
+            "the trainer pads, scores and normalises completions of max_completion_length tokens. Set both to the "
+            "same length (for DiffusionGemma, a multiple of the model's canvas_length)."
         )
 
 

@@ -17,6 +17,7 @@ from trl import GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head, create_model_from_path
 
 from ..generation.behaviour import BehaviourCapture, appended_logits_processor
+from ..generation.diffusion_gemma import is_diffusion_gemma
 from ..losses.trust_region_loss import CausalTrustRegionLoss, DiffusionTrustRegionLoss
 from ..models.bidirectional import diffusion_config, is_bidirectional
 from ..models.engines import unwrap_model
@@ -40,8 +41,10 @@ OLD_BEHAVIOUR_KEYS = ("old_topk_ids", "old_topk_logps", "old_behaviour_logps")
 
 
 def detect_model_kind(model) -> str:
-    """``"diffusion"`` for a model carrying the diffusion properties (``config.mask_token_id`` plus the marks
-    :func:`~dllm_trl.models.set_diffusion_properties` leaves), ``"causal"`` otherwise."""
+    """``"diffusion"`` for DiffusionGemma and for a model carrying the diffusion properties (``config.mask_token_id``
+    plus the marks :func:`~dllm_trl.models.set_diffusion_properties` leaves), ``"causal"`` otherwise."""
+    if is_diffusion_gemma(model):
+        return "diffusion"
     config = getattr(model, "config", None)
     if getattr(config, "mask_token_id", None) is None:
         return "causal"
@@ -51,6 +54,14 @@ def detect_model_kind(model) -> str:
         return "diffusion" if is_bidirectional(model) else "causal"
     except TypeError:
         return "causal"
+
+
+DIFFUSION_GEMMA_PIECES = (
+    "DiffusionGemma is uniform-noise diffusion (no mask token), so the default masked-diffusion loss and sampler do "
+    "not apply: pass loss=DiffusionGemmaTrustRegionLoss(args, vocab_size) (dllm_trl.losses) and "
+    "sampler=DiffusionGemmaSampler(DiffusionGemmaSamplerConfig(gen_length=args.max_completion_length, ...)) "
+    "(dllm_trl.generation) to DPPOMaskTrainer / DiffusionDPPOMaskTrainer."
+)
 
 
 def _load_model(name_or_path: str, args: DPPOMaskConfig):
@@ -100,6 +111,8 @@ class DiffusionDPPOMaskTrainer(RLDFTrainer):
         super().__init__(model, reward_funcs=reward_funcs, args=args, **kwargs)
 
     def make_loss(self, args, model):
+        if is_diffusion_gemma(model):
+            raise ValueError(DIFFUSION_GEMMA_PIECES)
         config = diffusion_config(model)
         usable = model_vocab_size(model) - 1  # diffusion samplers never draw the mask token
         _check_top_k(args, usable)
@@ -142,6 +155,8 @@ class CausalDPPOMaskTrainer(SafeRunMixin, GRPOTrainer):
                              "KV cache; a causal LM's generate() records μ under an exact cache: leave it False.")
         if isinstance(model, str):
             model = create_model_from_path(model, **dict(args.model_init_kwargs or {}))
+        if is_diffusion_gemma(model):
+            raise ValueError(f"model_kind='causal' but the model is DiffusionGemma. {DIFFUSION_GEMMA_PIECES}")
         if getattr(getattr(model, "config", None), "mask_token_id", None) is not None:
             try:
                 if is_bidirectional(model):

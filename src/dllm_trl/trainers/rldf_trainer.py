@@ -29,17 +29,19 @@ from trl.trainer.utils import pad
 from ..generation.samplers import MaskedDiffusionSampler
 from ..losses.rldf import INVALID_STEP
 from ..losses.rldf_loss import RLDFLoss, zero_variance_rows
-from ..models.bidirectional import diffusion_block_size, diffusion_config, eos_token_ids, make_bidirectional
+from ..models.bidirectional import diffusion_block_size, eos_token_ids
 from ..models.engines import (
     backward_syncs_every_call,
     backward_without_step,
     check_weights_pass_gradients,
     gradients_accessible,
+    model_config,
     paused_gradient_sync,
     prepare_model_buffers,
 )
 from ..models.loading import load_diffusion_model
 from .common import (
+    check_sampler_length,
     check_training_inputs,
     init_with_reference,
     log_metric_extremes,
@@ -74,13 +76,14 @@ class RLDFTrainer(SafeRunMixin, GRPOTrainer):
         refuse_unsupported_kwargs("diffusion trainers", kwargs)
         if isinstance(model, str):
             model = load_diffusion_model(model, **dict(args.model_init_kwargs or {}))
-        make_bidirectional(model)
         self.loss = self.make_loss(args, model) if loss is None else loss
         self.loss.check_model(model)
+        self.loss.prepare_model(model)
         self.sampler = MaskedDiffusionSampler(args.diffusion_generation_config()) if sampler is None else sampler
         for name, value in self.loss.sampler_requests().items():  # what the loss reads from the rollout's record
             setattr(self.sampler.config, name, value)
         self.sampler.check_model(model)
+        check_sampler_length(self.sampler.config, args)
         check_training_inputs(model, kwargs.get("train_dataset"), kwargs.get("processing_class"))
         reference = init_with_reference(self, super().__init__, model, args, reward_funcs=reward_funcs, **kwargs)
         prepare_model_buffers(self.model, self.accelerator)
@@ -171,7 +174,8 @@ class RLDFTrainer(SafeRunMixin, GRPOTrainer):
         rollout, self._rollout = self._rollout, None
         output.update(rollout)
         if self.args.mask_truncated_completions:  # as TRL: a completion that never reached EOS is not learnt from
-            eos = torch.tensor(eos_token_ids(diffusion_config(self.model)), device=output["rollout_ids"].device)
+            eos = torch.tensor(eos_token_ids(model_config(self.model).get_text_config()),
+                               device=output["rollout_ids"].device)
             truncated = ~torch.isin(output["rollout_ids"], eos).any(1)
             output["valid_mask"] = output["valid_mask"] * (~truncated).unsqueeze(1)
             self.loss.drop_rows(output, truncated)
