@@ -27,10 +27,12 @@ HUB_MODELS = ("GSAI-ML/LLaDA-8B-Instruct", "Dream-org/Dream-v0-Instruct-7B")
 BLOCK_HUB_MODELS = ("JetLM/SDAR-8B-Chat", "Gen-Verse/TraDo-8B-Instruct", "Efficient-Large-Model/Fast_dLLM_v2_7B")
 """Block-diffusion checkpoints: replaced by the embedded toy block model's folder."""
 SHELLS = ("bash", "sh", "shell", "console")
-EXPECTED_WARNINGS = ("max_position_embeddings", "`gradient_checkpointing` is deprecated")
-"""The toy's 64 positions are fewer than the 8B settings ask for: the sampler says so. Newer transformers deprecate
-the ``gradient_checkpointing`` argument, which TRL's own ``GRPOConfig`` sets by default (trust_region.md builds one;
-our configs pass it under the new name)."""
+EXPECTED_WARNINGS = ("max_position_embeddings", "`gradient_checkpointing` is deprecated",
+                     "`is_gradient_checkpointing` is deprecated")
+"""The toy's 64 positions are fewer than the 8B settings ask for: the sampler says so. Newer transformers (5.24)
+deprecate the ``gradient_checkpointing`` argument, which TRL's own ``GRPOConfig`` sets by default (trust_region.md
+builds one; our configs pass it under the new name), and the ``is_gradient_checkpointing`` property, which PEFT's
+``get_peft_model`` reads (diffusion_gemma.md calls it as a user would; our trainers read it quietly)."""
 
 
 def code_blocks(path: Path) -> list[tuple[str, str]]:
