@@ -2,12 +2,15 @@
 
     python scripts/pretrain_sudoku.py                        # rewrites src/dllm_trl/assets/sudoku (diffusion)
     python scripts/pretrain_sudoku.py --model-kind causal    # rewrites src/dllm_trl/assets/sudoku_causal
+    python scripts/pretrain_sudoku.py --model-kind diffusion_gemma
+                                                             # rewrites src/dllm_trl/assets/sudoku_diffusion_gemma
     python scripts/pretrain_sudoku.py --relabel-fraction 0.5 --target-accuracy 0.6 --threads 1
                                                              # rewrites src/dllm_trl/assets/sudoku_noisy_teacher
     python scripts/pretrain_sudoku.py --output-dir /tmp/sudoku --target-accuracy 0.5
 
 Diffusion: paper 1 Eq. (2) on the response (grid ⊕ EOS), the prompt never masked. Causal: next-token
-cross-entropy on the grid and its EOS. Deterministic (fixed seeds, deterministic algorithms, 2 CPU threads), so on
+cross-entropy on the grid and its EOS. DiffusionGemma: uniform-noise denoising of the response as one canvas, half
+the rows self-conditioned (dllm_trl.toy.pretrain.uniform_noise_denoising_loss). Deterministic (fixed seeds, deterministic algorithms, 2 CPU threads), so on
 the same software stack it reproduces the shipped checkpoints; training stops at the first evaluation whose greedy
 validation solve rate reaches --target-accuracy.
 """
@@ -22,6 +25,8 @@ ASSETS = Path(__file__).resolve().parents[1] / "src" / "dllm_trl" / "assets"
 
 
 def default_output(config: SudokuPretrainConfig) -> Path:
+    if config.model_kind == "diffusion_gemma":
+        return ASSETS / "sudoku_diffusion_gemma"
     if config.model_kind == "causal":
         if config.relabel_fraction > 0:  # no shipped causal noisy-teacher checkpoint to rewrite
             raise SystemExit("a causal noisy-teacher toy is not shipped: pass --output-dir for it.")

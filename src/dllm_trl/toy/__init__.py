@@ -15,9 +15,10 @@ from .._lazy import moved_names
 from .configs import TOY_TRAINING_DEFAULTS, sudoku_rldf_config, sudoku_rldf_settings, toy_rldf_config
 from .configs import toy_training_defaults
 from .evaluate import evaluate_accuracy, main
-from .evaluate import evaluate_causal_accuracy
+from .evaluate import evaluate_causal_accuracy, evaluate_diffusion_gemma_accuracy
 from .model import SUDOKU_GEN_LENGTH, TOY_GEN_LENGTH, TOY_MODEL_SHAPE, load_sudoku, load_sudoku_causal, load_toy
-from .model import load_sudoku_noisy_teacher
+from .model import SUDOKU_DIFFUSION_GEMMA_SHAPE, SUDOKU_DIFFUSION_GEMMA_STEPS, load_sudoku_diffusion_gemma
+from .model import load_sudoku_noisy_teacher, sudoku_diffusion_gemma_sampler_config
 from .model import sudoku_generation_config, toy_assets_dir, toy_generation_config
 from .sudoku import noisy_teacher_problems, sudoku_cell_reward, sudoku_dataset, sudoku_problems, sudoku_reward
 from .sudoku import sudoku_up_to_relabelling_reward
@@ -26,6 +27,8 @@ from .tokenizer import CHAT_TEMPLATE, build_toy_tokenizer
 
 __all__ = [
     "CHAT_TEMPLATE",
+    "SUDOKU_DIFFUSION_GEMMA_SHAPE",
+    "SUDOKU_DIFFUSION_GEMMA_STEPS",
     "SUDOKU_GEN_LENGTH",
     "TEST_SIZE",
     "TOY_GEN_LENGTH",
@@ -35,14 +38,17 @@ __all__ = [
     "completion_text",
     "evaluate_accuracy",
     "evaluate_causal_accuracy",
+    "evaluate_diffusion_gemma_accuracy",
     "load_sudoku",
     "load_sudoku_causal",
+    "load_sudoku_diffusion_gemma",
     "load_sudoku_noisy_teacher",
     "load_toy",
     "main",
     "noisy_teacher_problems",
     "sudoku_cell_reward",
     "sudoku_dataset",
+    "sudoku_diffusion_gemma_sampler_config",
     "sudoku_generation_config",
     "sudoku_problems",
     "sudoku_reward",

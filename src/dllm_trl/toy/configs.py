@@ -67,3 +67,31 @@ def sudoku_rldf_config(output_dir: str, *, config_class=None, **overrides):
     from ..trainers import RLDFConfig
 
     return (config_class or RLDFConfig)(**sudoku_rldf_settings(output_dir, **overrides))
+
+
+def sudoku_diffusion_gemma_rldf_settings(output_dir: str, **overrides) -> dict:
+    """The keyword arguments of :func:`sudoku_diffusion_gemma_rldf_config`."""
+    from .model import SUDOKU_GEN_LENGTH
+
+    values = dict(
+        output_dir=output_dir, max_completion_length=SUDOKU_GEN_LENGTH, block_length=SUDOKU_GEN_LENGTH,
+        num_generations=8, per_device_train_batch_size=32, num_sampled_timesteps=4, beta=0.0, learning_rate=1e-4,
+        lr_scheduler_type="constant", max_steps=100, logging_steps=1, save_strategy="no", report_to="none",
+        use_cpu=True, bf16=False, gradient_checkpointing=False, dataloader_pin_memory=False,
+    )
+    values.update(overrides)
+    return values
+
+
+def sudoku_diffusion_gemma_rldf_config(output_dir: str, *, config_class=None, **overrides):
+    """RLDF settings for the DiffusionGemma Sudoku toy (``load_sudoku_diffusion_gemma``): one canvas of 20 tokens (so
+    ``block_length`` = ``max_completion_length`` = 20, the canvas), 4 puzzles × 8 rollouts per step with the toy's
+    sampler (:func:`~dllm_trl.toy.sudoku_diffusion_gemma_sampler_config`), k = 4 of each rollout's recorded steps,
+    β = 0, constant learning rate. Train with ``sampler=DiffusionGemmaSampler(sudoku_diffusion_gemma_sampler_config())``
+    and ``loss=DiffusionGemmaRLDFLoss(args)`` (docs/diffusion_gemma.md).
+
+    ``config_class``: :class:`~dllm_trl.trainers.RLDFConfig` by default, or ``DPPOMaskConfig`` for the trust-region
+    loss (``DiffusionGemmaTrustRegionLoss``)."""
+    from ..trainers import RLDFConfig
+
+    return (config_class or RLDFConfig)(**sudoku_diffusion_gemma_rldf_settings(output_dir, **overrides))

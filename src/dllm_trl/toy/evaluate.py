@@ -62,6 +62,46 @@ def evaluate_causal_accuracy(model, tokenizer, dataset, max_new_tokens: int, bat
     return _scored(decoded, dataset, reward)
 
 
+def evaluate_diffusion_gemma_accuracy(model, tokenizer, dataset, sampler_config=None, batch_size: int = 200,
+                                      reward=None, seeds=(0, 1, 2)) -> dict:
+    """Decode every prompt of ``dataset`` with :class:`~dllm_trl.generation.DiffusionGemmaSampler` (default: the
+    DiffusionGemma Sudoku toy's settings) once per seed in ``seeds`` (each seed's decoding draws from its own
+    ``torch.Generator``, batch after batch) and score it with ``reward`` (default ``sudoku_reward``).
+
+    DiffusionGemma's decoding is random (uniform-noise canvases, sampled tokens), so ``accuracy`` is the mean share of
+    reward 1 over the seeds, ``accuracies`` the per-seed shares; the other keys are :func:`evaluate_accuracy`'s, summed
+    over the seeds (``completions``: the first seed's).
+    """
+    import torch
+
+    from ..generation import DiffusionGemmaSampler
+    from .model import sudoku_diffusion_gemma_sampler_config
+    from .sudoku import sudoku_reward
+
+    sampler = DiffusionGemmaSampler(sampler_config or sudoku_diffusion_gemma_sampler_config())
+    device = model.get_input_embeddings().weight.device
+    results = []
+    for seed in seeds:
+        generator = torch.Generator(device=device).manual_seed(seed)
+
+        def generate(input_ids, attention_mask):
+            out = sampler(model, input_ids, attention_mask, generator)
+            return out.completion_ids, out.completion_mask, out.nfe
+
+        decoded = decode_prompts(model, tokenizer, list(dataset["prompt"]), batch_size=batch_size, generate=generate)
+        results.append(_scored(decoded, dataset, reward or sudoku_reward))
+    first = results[0]
+    return dict(
+        accuracy=sum(r["accuracy"] for r in results) / len(results),
+        accuracies=[r["accuracy"] for r in results],
+        tokens_per_second=first["tokens_per_second"],
+        nfe=sum(r["nfe"] for r in results),
+        seconds=sum(r["seconds"] for r in results),
+        num_problems=first["num_problems"],
+        completions=first["completions"],
+    )
+
+
 def main(argv: list[str] | None = None) -> dict:
     """Decode toy problems with the shipped checkpoint and print accuracy and tokens/s."""
     parser = argparse.ArgumentParser(prog="python -m dllm_trl.toy", description=main.__doc__)

@@ -6,7 +6,10 @@
 * Sudoku, noisy teacher (``assets/sudoku_noisy_teacher``): the same model pre-trained longer on answers of which half
   exchange the digits 1 and 2 (:func:`~dllm_trl.toy.sudoku.noisy_teacher_problems`), the main job's model;
 * Sudoku, causal (``assets/sudoku_causal``): an ordinary left-to-right ``LlamaForCausalLM`` on the same task, for
-  the causal path of :class:`~dllm_trl.trainers.DPPOMaskTrainer` (paper 2's setting).
+  the causal path of :class:`~dllm_trl.trainers.DPPOMaskTrainer` (paper 2's setting);
+* Sudoku, DiffusionGemma (``assets/sudoku_diffusion_gemma``): a tiny ``DiffusionGemmaForBlockDiffusion``
+  (uniform-noise block diffusion, no mask token; its answer is one canvas of 20 tokens) on the same task, for
+  :class:`~dllm_trl.generation.DiffusionGemmaSampler` and the DiffusionGemma losses.
 """
 
 from __future__ import annotations
@@ -35,9 +38,22 @@ SUDOKU_MODEL_SHAPE = TOY_MODEL_SHAPE
 """Shape of both Sudoku toys (LLaDA layout for the diffusion one, the plain Llama layout for the causal one)."""
 
 
+SUDOKU_DIFFUSION_GEMMA_SHAPE = dict(
+    hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+    head_dim=16, sliding_window=64, num_experts=4, top_k_experts=2, moe_intermediate_size=32,
+)
+"""Shape of the DiffusionGemma Sudoku toy: the 26B-A4B layout (shared-weight causal encoder and bidirectional
+decoder, sliding-window layers then a full-attention one, a dense MLP beside a top-2 mixture of experts, soft-capped
+tied head, self-conditioning) at 0.6M weights; its vocabulary is the tokenizer's plus the three image ids. The window
+(64) covers prompt and canvas, so no layer slides here."""
+
+SUDOKU_DIFFUSION_GEMMA_STEPS = 16
+"""Denoising steps per canvas of the DiffusionGemma Sudoku toy's sampler (``max_denoising_steps``)."""
+
+
 def toy_assets_dir(name: str = "toy") -> Path:
     """Folder of a shipped checkpoint and its tokenizer inside the installed package: ``"toy"`` (addition),
-    ``"sudoku"``, ``"sudoku_noisy_teacher"`` or ``"sudoku_causal"``."""
+    ``"sudoku"``, ``"sudoku_noisy_teacher"``, ``"sudoku_causal"`` or ``"sudoku_diffusion_gemma"``."""
     return Path(str(resources.files("dllm_trl").joinpath("assets", name)))
 
 
@@ -78,6 +94,31 @@ def sudoku_generation_config(**overrides) -> DiffusionGenerationConfig:
     return DiffusionGenerationConfig(**settings)
 
 
+def sudoku_diffusion_gemma_sampler_config(**overrides):
+    """Sampler settings of the DiffusionGemma Sudoku toy: one canvas of 20 tokens, 16 denoising steps, the rest
+    ``model.generate``'s defaults (temperatures 0.8 → 0.4, entropy bound 0.1: decoding is random, so the toy's solve
+    rate is a mean over seeds). Keyword arguments override any field of
+    :class:`~dllm_trl.generation.DiffusionGemmaSamplerConfig`."""
+    from ..generation import DiffusionGemmaSamplerConfig
+
+    settings = dict(gen_length=SUDOKU_GEN_LENGTH, max_denoising_steps=SUDOKU_DIFFUSION_GEMMA_STEPS)
+    settings.update(overrides)
+    return DiffusionGemmaSamplerConfig(**settings)
+
+
+def configure_diffusion_gemma_generation(model) -> None:
+    """Give a DiffusionGemma toy's ``generation_config`` the toy sampler's settings, so that ``model.generate(ids,
+    max_new_tokens=20)`` decodes as :func:`sudoku_diffusion_gemma_sampler_config` does."""
+    text = model.config.get_text_config()
+    sampler = sudoku_diffusion_gemma_sampler_config()
+    generation = model.generation_config
+    generation.max_denoising_steps = sampler.max_denoising_steps
+    generation.t_min, generation.t_max = sampler.t_min, sampler.t_max
+    generation.stability_threshold, generation.confidence_threshold = (sampler.stability_threshold,
+                                                                       sampler.confidence_threshold)
+    generation.eos_token_id, generation.pad_token_id = text.eos_token_id, text.pad_token_id
+
+
 def load_toy(device: str = "cpu", path: str | Path | None = None, **from_pretrained_kwargs):
     """``(model, tokenizer)`` of the shipped addition toy (or of the diffusion checkpoint at ``path``), in eval
     mode."""
@@ -104,3 +145,9 @@ def load_sudoku_causal(device: str = "cpu", path: str | Path | None = None, **fr
     with quiet_progress_bars():
         model = AutoModelForCausalLM.from_pretrained(path, **from_pretrained_kwargs).to(device).eval()
     return model, AutoTokenizer.from_pretrained(path)
+
+
+def load_sudoku_diffusion_gemma(device: str = "cpu", path: str | Path | None = None, **from_pretrained_kwargs):
+    """``(model, tokenizer)`` of the shipped DiffusionGemma Sudoku toy (transformers' own
+    ``DiffusionGemmaForBlockDiffusion``; or the checkpoint at ``path``), in eval mode."""
+    return load_toy(device, path or toy_assets_dir("sudoku_diffusion_gemma"), **from_pretrained_kwargs)

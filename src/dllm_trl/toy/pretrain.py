@@ -225,7 +225,48 @@ def causal_lm_loss(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     return (token_loss * trained).sum() / trained.sum().clamp_min(1)
 
 
-SUDOKU_MODEL_KINDS = ("diffusion", "causal")
+def uniform_noise_denoising_loss(
+    model,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    response_ids: torch.Tensor,
+    generator: torch.Generator | None = None,
+    self_conditioning_prob: float = 0.5,
+    temperature_range: tuple[float, float] = (0.4, 0.8),
+) -> torch.Tensor:
+    """DiffusionGemma's denoising objective on one canvas (the response, ``canvas_length`` tokens; SPEC §8).
+
+    Per row ``t ~ U(0, 1)``; each response token is replaced by a uniform random token of the vocabulary with
+    probability ``t`` (the noise its sampler starts from and re-draws off the accept set; there is no mask token), and
+    the loss is the mean cross-entropy of the clean response over every canvas position (a noise token can equal the
+    clean one, so no position is known to be clean). Self-conditioning as the sampler uses it: for a random
+    ``self_conditioning_prob`` of the rows the decoder also reads the softmax of a no-gradient first pass's logits
+    divided by a temperature drawn from ``temperature_range`` (the sampler's ``t_min``–``t_max``); the other rows read
+    zeros, as a canvas's first step does. The prompt (left-padded) is encoded causally and never noised; its padding is
+    masked for the decoder too.
+    """
+    batch, length = response_ids.shape
+    vocab = model.config.get_text_config().vocab_size
+    device = response_ids.device
+    t = torch.rand(batch, 1, generator=generator, device=device)
+    noised = torch.rand(batch, length, generator=generator, device=device) < t
+    noise = torch.randint(0, vocab, (batch, length), generator=generator, device=device)
+    canvas = torch.where(noised, noise, response_ids)
+    use_self_conditioning = torch.rand(batch, generator=generator, device=device) < self_conditioning_prob
+    low, high = temperature_range
+    temperature = low + (high - low) * torch.rand(batch, 1, 1, generator=generator, device=device)
+    inputs = dict(input_ids=prompt_ids, attention_mask=prompt_mask, decoder_input_ids=canvas,
+                  decoder_attention_mask=torch.cat([prompt_mask, torch.ones_like(response_ids)], dim=1))
+    self_conditioning = None
+    if use_self_conditioning.any():
+        with torch.no_grad():
+            self_conditioning = model(**inputs).logits / temperature
+    logits = model(**inputs, self_conditioning_logits=self_conditioning,
+                   self_conditioning_mask=use_self_conditioning if self_conditioning is not None else None).logits
+    return F.cross_entropy(logits.float().transpose(1, 2), response_ids)
+
+
+SUDOKU_MODEL_KINDS = ("diffusion", "causal", "diffusion_gemma")
 
 
 @dataclass
@@ -254,8 +295,12 @@ class SudokuPretrainConfig(ToyPretrainConfig):
 
 
 def pretrain_sudoku(output_dir: str | Path, config: SudokuPretrainConfig | None = None, log=print) -> dict:
-    """Train a Sudoku toy from scratch (a LLaDA-shaped diffusion LM, or with ``model_kind="causal"`` a plain
-    left-to-right ``LlamaForCausalLM`` of the same shape) and save model + tokenizer to ``output_dir``."""
+    """Train a Sudoku toy from scratch (a LLaDA-shaped diffusion LM, with ``model_kind="causal"`` a plain
+    left-to-right ``LlamaForCausalLM`` of the same shape, with ``model_kind="diffusion_gemma"`` a tiny
+    ``DiffusionGemmaForBlockDiffusion`` trained by :func:`uniform_noise_denoising_loss`, its answer one canvas) and save
+    model + tokenizer to ``output_dir``."""
+    if (config or SudokuPretrainConfig()).model_kind == "diffusion_gemma":
+        return _pretrain_sudoku_diffusion_gemma(output_dir, config, log)
     from transformers import LlamaForCausalLM
 
     from ..testing import tiny_llada_config
@@ -306,3 +351,38 @@ def pretrain_sudoku(output_dir: str | Path, config: SudokuPretrainConfig | None 
         train_problems = noisy_teacher_problems(train_problems, cfg.relabel_fraction, seed=cfg.seed)
     return run_pretraining(output_dir, cfg, build, batch_loss, generation_config, log,
                            train_problems=train_problems, gen_length=SUDOKU_GEN_LENGTH, evaluate=evaluate)
+
+
+def _pretrain_sudoku_diffusion_gemma(output_dir: str | Path, cfg: SudokuPretrainConfig, log=print) -> dict:
+    from .evaluate import evaluate_diffusion_gemma_accuracy
+    from .model import SUDOKU_DIFFUSION_GEMMA_SHAPE, SUDOKU_GEN_LENGTH, configure_diffusion_gemma_generation
+    from .sudoku import noisy_teacher_problems, sudoku_dataset, sudoku_problems, sudoku_reward
+    from .sudoku import sudoku_up_to_relabelling_reward
+
+    def build(tokenizer):
+        from ..testing import build_tiny_diffusion_gemma
+
+        model = build_tiny_diffusion_gemma(
+            seed=cfg.seed, vocab_size=len(tokenizer) + 3, canvas_length=SUDOKU_GEN_LENGTH,
+            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.bos_token_id, max_position_embeddings=tokenizer.model_max_length,
+            **SUDOKU_DIFFUSION_GEMMA_SHAPE)
+        configure_diffusion_gemma_generation(model)
+        return model
+
+    def batch_loss(model, tokenizer, prompt_ids, prompt_mask, response_ids, generator):
+        return uniform_noise_denoising_loss(model, prompt_ids, prompt_mask, response_ids, generator)
+
+    validation = sudoku_dataset("validation")
+
+    def evaluate(model, tokenizer):  # the toy's sampler, its random draws from a fixed seed: a deterministic stop
+        return evaluate_diffusion_gemma_accuracy(model, tokenizer, validation, batch_size=cfg.eval_batch_size,
+                                                 reward=reward, seeds=(0,))["accuracy"]
+
+    # with a noisy teacher, stop on competence: solved in either convention (RL's job is to pick the right one)
+    reward = sudoku_up_to_relabelling_reward if cfg.relabel_fraction > 0 else sudoku_reward
+    train_problems = sudoku_problems("train", cfg.max_train_blanks)
+    if cfg.relabel_fraction > 0:
+        train_problems = noisy_teacher_problems(train_problems, cfg.relabel_fraction, seed=cfg.seed)
+    return run_pretraining(output_dir, cfg, build, batch_loss, None, log, train_problems=train_problems,
+                           gen_length=SUDOKU_GEN_LENGTH, evaluate=evaluate)
