@@ -4,6 +4,8 @@
     python scripts/pretrain_sudoku.py --model-kind causal    # rewrites src/dllm_trl/assets/sudoku_causal
     python scripts/pretrain_sudoku.py --model-kind diffusion_gemma
                                                              # rewrites src/dllm_trl/assets/sudoku_diffusion_gemma
+    python scripts/pretrain_sudoku.py --model-kind diffusion_gemma --relabel-fraction 0.5 --target-accuracy 0.6 \
+        --threads 1                                          # rewrites .../sudoku_diffusion_gemma_noisy_teacher
     python scripts/pretrain_sudoku.py --relabel-fraction 0.5 --target-accuracy 0.6 --threads 1
                                                              # rewrites src/dllm_trl/assets/sudoku_noisy_teacher
     python scripts/pretrain_sudoku.py --output-dir /tmp/sudoku --target-accuracy 0.5
@@ -26,7 +28,8 @@ ASSETS = Path(__file__).resolve().parents[1] / "src" / "dllm_trl" / "assets"
 
 def default_output(config: SudokuPretrainConfig) -> Path:
     if config.model_kind == "diffusion_gemma":
-        return ASSETS / "sudoku_diffusion_gemma"
+        return ASSETS / ("sudoku_diffusion_gemma_noisy_teacher" if config.relabel_fraction > 0
+                         else "sudoku_diffusion_gemma")
     if config.model_kind == "causal":
         if config.relabel_fraction > 0:  # no shipped causal noisy-teacher checkpoint to rewrite
             raise SystemExit("a causal noisy-teacher toy is not shipped: pass --output-dir for it.")

@@ -257,7 +257,8 @@ def test_parse_grid():
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("name", ["sudoku", "sudoku_noisy_teacher", "sudoku_causal"])
+@pytest.mark.parametrize("name", ["sudoku", "sudoku_noisy_teacher", "sudoku_causal", "sudoku_diffusion_gemma",
+                                  "sudoku_diffusion_gemma_noisy_teacher"])
 def test_shipped_checkpoint_files_are_small(name):
     folder = toy_assets_dir(name)
     weights = folder / "model.safetensors"
@@ -299,6 +300,9 @@ SHIPPED_PRETRAINING = {  # checkpoint -> the flags of scripts/pretrain_sudoku.py
     "sudoku": ["--model-kind", "diffusion"],
     "sudoku_causal": ["--model-kind", "causal"],
     "sudoku_noisy_teacher": ["--relabel-fraction", "0.5", "--target-accuracy", "0.6", "--threads", "1"],
+    "sudoku_diffusion_gemma": ["--model-kind", "diffusion_gemma"],
+    "sudoku_diffusion_gemma_noisy_teacher": ["--model-kind", "diffusion_gemma", "--relabel-fraction", "0.5",
+                                             "--target-accuracy", "0.6", "--threads", "1"],
 }
 
 

@@ -18,7 +18,8 @@ from .evaluate import evaluate_accuracy, main
 from .evaluate import evaluate_causal_accuracy, evaluate_diffusion_gemma_accuracy
 from .model import SUDOKU_GEN_LENGTH, TOY_GEN_LENGTH, TOY_MODEL_SHAPE, load_sudoku, load_sudoku_causal, load_toy
 from .model import SUDOKU_DIFFUSION_GEMMA_SHAPE, SUDOKU_DIFFUSION_GEMMA_STEPS, load_sudoku_diffusion_gemma
-from .model import load_sudoku_noisy_teacher, sudoku_diffusion_gemma_sampler_config
+from .model import load_sudoku_diffusion_gemma_noisy_teacher, load_sudoku_noisy_teacher
+from .model import sudoku_diffusion_gemma_sampler_config
 from .model import sudoku_generation_config, toy_assets_dir, toy_generation_config
 from .sudoku import noisy_teacher_problems, sudoku_cell_reward, sudoku_dataset, sudoku_problems, sudoku_reward
 from .sudoku import sudoku_up_to_relabelling_reward
@@ -42,6 +43,7 @@ __all__ = [
     "load_sudoku",
     "load_sudoku_causal",
     "load_sudoku_diffusion_gemma",
+    "load_sudoku_diffusion_gemma_noisy_teacher",
     "load_sudoku_noisy_teacher",
     "load_toy",
     "main",

@@ -9,7 +9,8 @@
   the causal path of :class:`~dllm_trl.trainers.DPPOMaskTrainer` (paper 2's setting);
 * Sudoku, DiffusionGemma (``assets/sudoku_diffusion_gemma``): a tiny ``DiffusionGemmaForBlockDiffusion``
   (uniform-noise block diffusion, no mask token; its answer is one canvas of 20 tokens) on the same task, for
-  :class:`~dllm_trl.generation.DiffusionGemmaSampler` and the DiffusionGemma losses.
+  :class:`~dllm_trl.generation.DiffusionGemmaSampler` and the DiffusionGemma losses; and its noisy-teacher twin
+  (``assets/sudoku_diffusion_gemma_noisy_teacher``), on which RLDF's gain is large (docs/diffusion_gemma.md).
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ SUDOKU_DIFFUSION_GEMMA_STEPS = 16
 
 def toy_assets_dir(name: str = "toy") -> Path:
     """Folder of a shipped checkpoint and its tokenizer inside the installed package: ``"toy"`` (addition),
-    ``"sudoku"``, ``"sudoku_noisy_teacher"``, ``"sudoku_causal"`` or ``"sudoku_diffusion_gemma"``."""
+    ``"sudoku"``, ``"sudoku_noisy_teacher"``, ``"sudoku_causal"``, ``"sudoku_diffusion_gemma"`` or
+    ``"sudoku_diffusion_gemma_noisy_teacher"``."""
     return Path(str(resources.files("dllm_trl").joinpath("assets", name)))
 
 
@@ -151,3 +153,10 @@ def load_sudoku_diffusion_gemma(device: str = "cpu", path: str | Path | None = N
     """``(model, tokenizer)`` of the shipped DiffusionGemma Sudoku toy (transformers' own
     ``DiffusionGemmaForBlockDiffusion``; or the checkpoint at ``path``), in eval mode."""
     return load_toy(device, path or toy_assets_dir("sudoku_diffusion_gemma"), **from_pretrained_kwargs)
+
+
+def load_sudoku_diffusion_gemma_noisy_teacher(device: str = "cpu", path: str | Path | None = None,
+                                              **from_pretrained_kwargs):
+    """``(model, tokenizer)`` of the shipped noisy-teacher DiffusionGemma Sudoku toy (pre-trained on answers of which
+    half exchange the digits 1 and 2: the error RL removes, as in the main job), in eval mode."""
+    return load_toy(device, path or toy_assets_dir("sudoku_diffusion_gemma_noisy_teacher"), **from_pretrained_kwargs)

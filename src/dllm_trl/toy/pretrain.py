@@ -174,7 +174,7 @@ def _pretrain(output_dir: Path, cfg, build_model, batch_loss, evaluate, log, tra
         if step % cfg.eval_every == 0:
             accuracy = evaluate(model, tokenizer)
             history.append(dict(step=step, loss=round(loss.item(), 4), accuracy=accuracy))
-            log(f"step {step:5d}  loss {loss.item():.4f}  held-out greedy accuracy {accuracy:.3f}  "
+            log(f"step {step:5d}  loss {loss.item():.4f}  held-out accuracy {accuracy:.3f}  "
                 f"({time.perf_counter() - start:.0f} s)")
             if accuracy >= cfg.target_accuracy:
                 break
@@ -210,7 +210,7 @@ def pretraining_cli(description: str, config_class, pretrain, default_output: Pa
     size = sum(p.stat().st_size for p in args.output_dir.glob("*.safetensors")) / 2**20
     print(
         f"saved {args.output_dir} ({size:.2f} MB of weights) after {summary['steps']} steps in "
-        f"{summary['seconds']:.0f} s; held-out greedy accuracy {summary['test_accuracy']:.3f}"
+        f"{summary['seconds']:.0f} s; held-out accuracy {summary['test_accuracy']:.3f}"
     )
 
 
