@@ -42,6 +42,17 @@ completions take 20 decoding steps (one cell per step), with its own protocol (d
 
     python benchmarks/estimators.py --task sudoku            # tuning 6 x 3 lr x 2 seeds, 5 eval seeds, ablations
     python benchmarks/estimators.py --task sudoku --quick    # 2 steps, 3 configurations, 2 lr: a smoke test
+
+``--task sudoku --model diffusion_gemma`` runs that protocol on the DiffusionGemma Sudoku toy
+(``load_sudoku_diffusion_gemma()``: uniform-noise block diffusion, one canvas of 20 tokens, no mask token;
+docs/estimators_sudoku.md, "DiffusionGemma column"): the trainer gets its ``DiffusionGemmaSampler`` and
+``DiffusionGemmaRLDFLoss``; only the trajectory estimators (``rldf``, ``sequential``) and the RLDF ablations exist
+there; its decoding is random, so the solve rate is the mean over ``--sampler-seeds`` of
+:func:`~dllm_trl.toy.evaluate_diffusion_gemma_accuracy` (not greedy); learning rates 1e-5, 3e-5, 1e-4 (Adam at 3e-4
+wrecks it within a few steps)::
+
+    python benchmarks/estimators.py --task sudoku --model diffusion_gemma --only main --seeds 0 1 2
+    python benchmarks/estimators.py --task sudoku --model diffusion_gemma --quick   # a smoke test
 """
 
 from __future__ import annotations
@@ -106,6 +117,9 @@ SUDOKU_ABLATION_GROUPS = [
 NEIGHBOUR_PAIRS = [("rldf", "sequential"), ("sequential", "random_masking"), ("random_masking", "all_masking")]
 """Neighbouring estimator pairs whose same-seed differences the Sudoku report gives (paper 1 claims no ordering of
 them: its Table 2 has ESPO above d1 on LLaDA and below it on Dream)."""
+DIFFUSION_GEMMA_LEARNING_RATES = [1e-5, 3e-5, 1e-4]
+"""The DiffusionGemma toy's tuning grid: its accepted tokens are nearly deterministic (log-prob ≈ −0.001), so the
+policy gradient is small and Adam makes full-size steps of its noise; at 3e-4 the model breaks within ~5 steps."""
 SUDOKU_STEPS = 40
 """Optimizer steps per Sudoku run. Measured at 30 steps on one CPU thread: one seed of the six estimators takes
 148 s and one seed of the ablations ≈ 270 s (k = 16 alone 74 s), so 40 steps fit the grid (36 tuning + 30
@@ -124,17 +138,21 @@ def parse_args(argv=None):
     parser.add_argument("--only", choices=["all", "main", "ablations"], default="all")
     parser.add_argument("--configs", nargs="+", default=None, help="Run only these configuration names.")
     parser.add_argument("--quick", action="store_true", help="Smoke test: 2 steps, seed 0, 3 configurations, 40 eval.")
-    parser.add_argument("--model", choices=["diffusion", "block"], default="diffusion",
-                        help="The toy diffusion LM or the toy block-diffusion LM.")
+    parser.add_argument("--model", choices=["diffusion", "block", "diffusion_gemma"], default="diffusion",
+                        help="The toy diffusion LM, the toy block-diffusion LM, or (with --task sudoku) the "
+                             "DiffusionGemma Sudoku toy.")
     parser.add_argument("--checkpoint", default=None, help="Toy checkpoint (default: the shipped one).")
     parser.add_argument("--learning-rate", type=float, default=3e-5,
                         help="Constant learning rate of the addition toy (3e-4 made RLDF diverge on its checkpoint).")
-    parser.add_argument("--learning-rates", type=float, nargs="+", default=[3e-5, 1e-4, 2e-4],
-                        help="Sudoku: the constant learning rates tuned per estimator.")
+    parser.add_argument("--learning-rates", type=float, nargs="+", default=None,
+                        help="Sudoku: the constant learning rates tuned per estimator (default 3e-5 1e-4 2e-4; "
+                             "DiffusionGemma 1e-5 3e-5 1e-4).")
     parser.add_argument("--tune-seeds", type=int, nargs="+", default=[100, 101],
                         help="Sudoku: the seeds of the learning-rate tuning (keep them disjoint from --seeds).")
     parser.add_argument("--ablation-seeds", type=int, nargs="+", default=None,
                         help="Sudoku: seeds of the RLDF ablations, at rldf's tuned lr (default 0 1 2).")
+    parser.add_argument("--sampler-seeds", type=int, nargs="+", default=[0, 1, 2],
+                        help="DiffusionGemma: seeds of its random held-out decoding; the solve rate is their mean.")
     parser.add_argument("--num-generations", type=int, default=8)
     parser.add_argument("--prompts-per-step", type=int, default=4)
     parser.add_argument("--beta", type=float, default=0.0)
@@ -146,17 +164,22 @@ def parse_args(argv=None):
     parser.add_argument("--fresh", action="store_true", help="Ignore runs already in the JSON file.")
     parser.add_argument("--report-only", action="store_true", help="Only rewrite the table and plot from the JSON file.")
     args = parser.parse_args(argv)
-    sudoku = args.task == "sudoku"
-    if sudoku and args.model != "diffusion":
-        raise SystemExit("--task sudoku runs the Sudoku diffusion toy only (no block model of it ships)")
+    sudoku, gemma = args.task == "sudoku", args.model == "diffusion_gemma"
+    if sudoku and args.model == "block":
+        raise SystemExit("--task sudoku runs the Sudoku diffusion toys only (no block model of it ships)")
+    if gemma and not sudoku:
+        raise SystemExit("--model diffusion_gemma is the DiffusionGemma Sudoku toy: add --task sudoku")
     if sudoku and set(args.tune_seeds) & set(args.seeds or [0, 1, 2, 3, 4]):
         raise SystemExit("--tune-seeds must be disjoint from the evaluation --seeds")
-    stem = "estimators_sudoku" if sudoku else "estimators"
+    stem = "estimators_sudoku_diffusion_gemma" if gemma else ("estimators_sudoku" if sudoku else "estimators")
+    args.learning_rates = args.learning_rates or (DIFFUSION_GEMMA_LEARNING_RATES if gemma else [3e-5, 1e-4, 2e-4])
     if args.quick:
         args.steps, args.seeds = 2, [0]
         args.eval_size = 20 if sudoku else 40
         if sudoku:
             args.learning_rates, args.tune_seeds, args.ablation_seeds = [3e-5, 2e-4], args.tune_seeds[:1], [0]
+        if gemma:
+            args.learning_rates, args.sampler_seeds = [1e-5, 1e-4], args.sampler_seeds[:1]
         args.configs = args.configs or (["rldf", "sequential", "rldf tau=inf"] if sudoku
                                         else ["rldf", "all_masking", "random_masking+pair"])
         args.name = args.name or f"{stem}_quick"
@@ -165,7 +188,7 @@ def parse_args(argv=None):
     args.name = args.name or stem
     args.steps = args.steps or (SUDOKU_STEPS if sudoku else 60)
     args.seeds = args.seeds or ([0, 1, 2, 3, 4] if sudoku else [0, 1, 2])
-    args.eval_size = args.eval_size or (100 if sudoku else 200)
+    args.eval_size = args.eval_size or (100 if sudoku and not gemma else 200)
     args.ablation_seeds = args.ablation_seeds or ([0, 1, 2] if sudoku else args.seeds)
     return args
 
@@ -176,6 +199,12 @@ def ablations_of(args) -> dict[str, dict]:
 
 def ablation_groups_of(args) -> list:
     return SUDOKU_ABLATION_GROUPS if args.task == "sudoku" else ABLATION_GROUPS
+
+
+def trajectory_only(args) -> bool:
+    """Only the trajectory estimators (and the RLDF ablations) have a form on this model: the block model packs its
+    states, DiffusionGemma's states are its recorded denoising steps (no mask token to build masked states with)."""
+    return args.model in ("block", "diffusion_gemma")
 
 
 def selected_configs(args) -> dict[str, dict]:
@@ -191,15 +220,20 @@ def selected_configs(args) -> dict[str, dict]:
         if unknown:
             raise SystemExit(f"unknown configurations {unknown}; known: {list(known)}")
         configs = {name: known[name] for name in args.configs}
-    if args.model == "block":  # only the trajectory estimators have a block-diffusion form
+    if trajectory_only(args):
         configs = {name: c for name, c in configs.items()
                    if c.get("policy_estimator", "rldf") in ("rldf", "sequential")}
     return configs
 
 
 def toy_model(args):
-    """``(load(path=...) -> (model, tokenizer), shipped folder, greedy evaluation config)`` of ``args.model`` on
-    ``args.task``."""
+    """``(load(path=...) -> (model, tokenizer), shipped folder, evaluation config)`` of ``args.model`` on
+    ``args.task``: the greedy generation config, or the DiffusionGemma toy's (random) sampler settings."""
+    if args.task == "sudoku" and args.model == "diffusion_gemma":
+        from dllm_trl.toy import load_sudoku_diffusion_gemma, sudoku_diffusion_gemma_sampler_config, toy_assets_dir
+
+        return (load_sudoku_diffusion_gemma, toy_assets_dir("sudoku_diffusion_gemma"),
+                sudoku_diffusion_gemma_sampler_config())
     if args.task == "sudoku":
         from dllm_trl.toy import load_sudoku, sudoku_generation_config, toy_assets_dir
 
@@ -214,11 +248,29 @@ def toy_model(args):
 
 
 def task_functions(args) -> dict:
-    """The library's pieces of ``args.task``: the RLDF settings, training data and reward, and the held-out
-    evaluation (``evaluate(model, tokenizer) -> dict`` of :func:`dllm_trl.toy.evaluate_accuracy`)."""
+    """The library's pieces of ``args.task``: the RLDF settings, training data and reward, the held-out evaluation
+    (``evaluate(model, tokenizer) -> dict`` of :func:`dllm_trl.toy.evaluate_accuracy`, or of
+    :func:`~dllm_trl.toy.evaluate_diffusion_gemma_accuracy`) and the trainer's model-specific keyword arguments
+    (``trainer_pieces(config) -> dict``: DiffusionGemma's sampler and loss)."""
     from dllm_trl.toy import evaluate_accuracy
 
     _, _, eval_config = toy_model(args)
+    if args.task == "sudoku" and args.model == "diffusion_gemma":
+        from dllm_trl.generation import DiffusionGemmaSampler
+        from dllm_trl.losses import DiffusionGemmaRLDFLoss
+        from dllm_trl.toy import evaluate_diffusion_gemma_accuracy, sudoku_cell_reward, sudoku_dataset, sudoku_reward
+        from dllm_trl.toy.configs import sudoku_diffusion_gemma_rldf_config
+
+        held_out = sudoku_dataset("test", size=args.eval_size)
+        return dict(
+            config=sudoku_diffusion_gemma_rldf_config, train_reward=sudoku_cell_reward,
+            train_dataset=lambda: sudoku_dataset("train"),
+            evaluate=lambda model, tokenizer: evaluate_diffusion_gemma_accuracy(
+                model, tokenizer, held_out, eval_config, batch_size=args.eval_size, reward=sudoku_reward,
+                seeds=args.sampler_seeds),
+            trainer_pieces=lambda config: dict(sampler=DiffusionGemmaSampler(eval_config),
+                                               loss=DiffusionGemmaRLDFLoss(config)),
+        )
     if args.task == "sudoku":
         from dllm_trl.toy import sudoku_cell_reward, sudoku_dataset, sudoku_reward, sudoku_rldf_config
 
@@ -227,6 +279,7 @@ def task_functions(args) -> dict:
             config=sudoku_rldf_config, train_reward=sudoku_cell_reward, train_dataset=lambda: sudoku_dataset("train"),
             evaluate=lambda model, tokenizer: evaluate_accuracy(model, tokenizer, held_out, eval_config,
                                                                 batch_size=args.eval_size, reward=sudoku_reward),
+            trainer_pieces=lambda config: {},
         )
     from dllm_trl.toy import toy_dataset, toy_reward, toy_rldf_config
 
@@ -234,6 +287,7 @@ def task_functions(args) -> dict:
     return dict(
         config=toy_rldf_config, train_reward=toy_reward, train_dataset=lambda: toy_dataset("train"),
         evaluate=lambda model, tokenizer: evaluate_accuracy(model, tokenizer, held_out, eval_config),
+        trainer_pieces=lambda config: {},
     )
 
 
@@ -250,6 +304,7 @@ class ForwardCounter:
 
         ids = kwargs.get("input_ids", args[0] if args else None)
         ids = kwargs.get("inputs_embeds") if ids is None else ids
+        ids = kwargs.get("decoder_input_ids") if ids is None else ids  # DiffusionGemma's decoder: the canvas
         phase = "rollout" if self.phase == "rollout" else ("loss" if torch.is_grad_enabled() else "score")
         self.calls[phase] += 1
         self.rows[phase] += 0 if ids is None else int(ids.shape[0])
@@ -286,11 +341,13 @@ def run_one(name, overrides, seed, args, checkpoint, learning_rate=None):
             **settings,
         )
         trainer = RLDFTrainer(model=model, reward_funcs=task["train_reward"], args=config,
-                              train_dataset=task["train_dataset"](), processing_class=tokenizer)
+                              train_dataset=task["train_dataset"](), processing_class=tokenizer,
+                              **task["trainer_pieces"](config))
         trainer.remove_callback(PrinterCallback)  # disable_tqdm swaps the progress bar for a printer of every log
         counter = ForwardCounter()
         # The decoder: the sampler calls it directly (its cached steps skip the LM head's module), the loss through
-        # the full model.
+        # the full model. DiffusionGemma's get_decoder() is its canvas decoder, which every denoising step and every
+        # replayed state runs (its encoder's passes over prompt and finished canvases are not counted).
         handle = trainer.model.get_decoder().register_forward_pre_hook(counter.hook, with_kwargs=True)
         generate = trainer._generate_single_turn
 
@@ -344,6 +401,8 @@ def run_one(name, overrides, seed, args, checkpoint, learning_rate=None):
     )
     if args.task == "sudoku":  # runs of one configuration and seed differ by learning rate there
         record = dict(learning_rate=learning_rate, **record)
+    if "accuracies" in after:  # DiffusionGemma: the solve rate of each sampler seed
+        record["sampler_seed_accuracies"] = after["accuracies"]
     return record
 
 
@@ -620,19 +679,38 @@ def _sudoku_row(runs, name):
 def sudoku_markdown(store, args) -> str:
     setup, views = store["setup"], sudoku_views(store, args)
     lrs = setup["learning_rates"]
+    gemma = setup.get("model") == "diffusion_gemma"
+    toy, rollouts, final, reward_of, forwards = (
+        "4×4 Sudoku toy (`load_sudoku()`)",
+        "the Sudoku sampler at temperature 1, 20 decoding steps, one cell each",
+        f"greedy, binary `sudoku_reward`, first {setup['eval_size']} test puzzles",
+        "temperature-1 rollouts",
+        "sequence forwards (rows through the model)",
+    )
+    if gemma:
+        toy, rollouts, final, reward_of, forwards = (
+            "4×4 Sudoku, DiffusionGemma toy (`load_sudoku_diffusion_gemma()`: uniform-noise block diffusion)",
+            "the toy's `DiffusionGemmaSampler`: one canvas of 20 tokens, at most 16 denoising steps, temperatures "
+            "0.8 → 0.4, entropy-bound acceptance",
+            f"**not greedy** (DiffusionGemma's decoding is random): the mean over sampler seeds "
+            f"{setup['sampler_seeds']} of the binary `sudoku_reward` solve rate on the first "
+            f"{setup['eval_size']} test puzzles (`evaluate_diffusion_gemma_accuracy`)",
+            "rollouts",
+            "decoder forwards (canvases through the decoder; the encoder's passes are not counted)",
+        )
     lines = [
-        f"4×4 Sudoku toy (`load_sudoku()`), {setup['steps']} optimizer steps per run, {setup['prompts_per_step']} "
-        f"puzzles × {setup['num_generations']} generations per step (rollouts: the Sudoku sampler at temperature 1, "
-        f"20 decoding steps, one cell each), trained on `sudoku_cell_reward`, β {setup['beta']:g}, constant lr. "
-        f"Final solve rate: greedy, binary `sudoku_reward`, first {setup['eval_size']} test puzzles; start "
+        f"{toy}, {setup['steps']} optimizer steps per run, {setup['prompts_per_step']} "
+        f"puzzles × {setup['num_generations']} generations per step (rollouts: {rollouts}), trained on "
+        f"`sudoku_cell_reward`, β {setup['beta']:g}, constant lr. "
+        f"Final solve rate: {final}; start "
         f"checkpoint **{store['baseline_accuracy']:.3f}**.",
         "",
         f"Learning rate tuned per estimator over {', '.join(f'{lr:g}' for lr in lrs)} on tuning seeds "
         f"{setup['tune_seeds']} (best mean final solve rate; ties: higher last-10-step reward, then the smaller lr); "
         f"evaluation seeds {sorted(args.seeds)} at that lr. Ablations at rldf's tuned lr on seeds "
         f"{sorted(args.ablation_seeds)}; τ at k = 4. Mean ± sample std over seeds (per seed in brackets). Δ: same-seed "
-        "difference (same prompts, same first rollout). Reward: mean partial-credit reward of the temperature-1 "
-        "rollouts. Forwards per completion: sequence forwards (rows through the model) / completions; the loss skips "
+        f"difference (same prompts, same first rollout). Reward: mean partial-credit reward of the {reward_of}. "
+        f"Forwards per completion: {forwards} / completions; the loss skips "
         "groups whose rewards are all equal. s / step: one CPU thread, another job on the machine's other core.",
         "",
         "### Learning-rate tuning (mean final solve rate over the tuning seeds [per seed]; reward last 10 steps)",
@@ -689,10 +767,12 @@ def sudoku_plot(store, args, path):
     import matplotlib.pyplot as plt
 
     views, baseline = sudoku_views(store, args), store["baseline_accuracy"]
+    gemma = store["setup"].get("model") == "diffusion_gemma"
+    rate = "solve rate (mean over sampler seeds)" if gemma else "greedy solve rate"
     fig, axes = plt.subplots(2, 3, figsize=(17, 8.5))
     _curves(axes[0, 0], views["main"], list(MAIN), "estimators at tuned lr: reward", "mean partial-credit reward")
     _bars(axes[0, 1], views["main"], list(MAIN), baseline, "estimators at tuned lr: final solve rate (dots = seeds)",
-          "greedy solve rate")
+          rate)
     ax = axes[0, 2]
     for i, (name, t) in enumerate(store.get("tuning", {}).items()):
         points = [(e["learning_rate"], e["solve_rate"]) for e in t["per_lr"].values() if e["solve_rate"] is not None]
@@ -707,8 +787,7 @@ def sudoku_plot(store, args, path):
     lr = views["ablation_lr"]
     _curves(axes[1, 0], views["ablations"], [n for n in names if n != "sequential"],
             f"RLDF ablations (lr {lr}): reward", "mean partial-credit reward")
-    _bars(axes[1, 1], views["ablations"], names, baseline, f"RLDF ablations (lr {lr}): final solve rate",
-          "greedy solve rate")
+    _bars(axes[1, 1], views["ablations"], names, baseline, f"RLDF ablations (lr {lr}): final solve rate", rate)
     ax = axes[1, 2]
     for i, entry in enumerate(store.get("paired", [])):
         deltas = entry["solve_rate"]["per_seed"]
@@ -767,7 +846,9 @@ def main_sudoku(args):
     setup = dict(task="sudoku", steps=args.steps, learning_rates=args.learning_rates, tune_seeds=args.tune_seeds,
                  num_generations=args.num_generations, prompts_per_step=args.prompts_per_step, beta=args.beta,
                  eval_size=args.eval_size, train_reward="sudoku_cell_reward", eval_reward="sudoku_reward",
-                 checkpoint="shipped" if args.checkpoint is None else os.path.abspath(checkpoint))
+                 checkpoint="shipped" if args.checkpoint is None else os.path.abspath(checkpoint),
+                 **({"model": "diffusion_gemma", "sampler_seeds": args.sampler_seeds}
+                    if args.model == "diffusion_gemma" else {}))
     if args.report_only:
         if not store.get("runs"):
             raise SystemExit(f"no runs in {results_path} to report")

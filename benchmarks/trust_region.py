@@ -41,6 +41,17 @@ Markdown table and a PNG plot::
     python benchmarks/trust_region.py --models causal diffusion --rollout-quant none --top-k 4 --delta 0.15 \
         --seeds 0 1 2 3 4 --name trust_region          # the first, uncalibrated study (superseded)
     python benchmarks/trust_region.py --analysis direction --inputs docs/trust_region_stress_delta0.05.json  # pooled
+
+``--models diffusion_gemma`` adds the DiffusionGemma Sudoku toy (``load_sudoku_diffusion_gemma()``;
+docs/trust_region.md, "DiffusionGemma column"): the clipped surrogates through :class:`~dllm_trl.RLDFTrainer` with
+``DiffusionGemmaRLDFLoss`` (its PPO terms at ``num_iterations > 1``), the divergence masks through
+``DiffusionDPPOMaskTrainer`` with ``DiffusionGemmaTrustRegionLoss`` (μ of an accepted token: the tempered distribution
+the rollout drew it from, recorded top-K; of a clean target: π_old), both with the toy's ``DiffusionGemmaSampler``. Its
+encoder cache is exact, so the stress is the reuse of each rollout alone: ``--cache-mode``, ``--rollout-quant`` and
+``--minibatches`` are refused for it. Its decoding is random, so its solve rate is the mean over ``--sampler-seeds`` (no
+greedy decoding, no separate avg@N)::
+
+    python benchmarks/trust_region.py --models diffusion_gemma --seeds 0 1 2 --name trust_region_diffusion_gemma
 """
 
 from __future__ import annotations
@@ -57,7 +68,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-MODELS = ("causal", "diffusion")
+MODELS = ("causal", "diffusion", "diffusion_gemma")
 ROLLOUT_QUANT = ("none", "fp8_e4m3", "fp8_e5m2", "int8")
 METHODS = {
     "grpo_clip_higher": dict(kind="clip", epsilon=0.2, epsilon_high=0.28),
@@ -100,8 +111,11 @@ def parse_args(argv=None):
     parser.add_argument("--eval-size", type=int, default=100, help="First N test puzzles for the greedy solve rate.")
     parser.add_argument("--eval-samples", type=int, default=8,
                         help="Temperature-1 samples per held-out puzzle for avg@N (0 skips it).")
-    parser.add_argument("--cache-mode", choices=["dual", "prefix", "none"], default="dual",
-                        help="Diffusion toy: the rollout sampler's KV cache ('none' is exact: μ = the training forward).")
+    parser.add_argument("--cache-mode", choices=["dual", "prefix", "none"], default=None,
+                        help="Diffusion toy: the rollout sampler's KV cache (default dual; 'none' is exact: μ = the "
+                             "training forward). Refused for DiffusionGemma alone (its encoder cache is exact).")
+    parser.add_argument("--sampler-seeds", type=int, nargs="+", default=[0, 1, 2],
+                        help="DiffusionGemma: seeds of its random held-out decoding; its solve rate is their mean.")
     parser.add_argument("--rollout-quant", choices=ROLLOUT_QUANT, default=None,
                         help="Fake-quantise the rollout model's weights (per-tensor scale, round to the format's grid) "
                              "while it generates, as an FP8 rollout engine does: μ ≠ π_old (causal toy; default fp8_e5m2 when only "
@@ -126,6 +140,16 @@ def parse_args(argv=None):
                              "given by --inputs and write {name}_direction.md (no training).")
     parser.add_argument("--inputs", nargs="+", default=[], help="Study JSON files for --analysis.")
     args = parser.parse_args(argv)
+    if "diffusion_gemma" in args.models:
+        refused = {"--cache-mode": args.cache_mode is not None and "diffusion" not in args.models,
+                   "--rollout-quant": args.rollout_quant not in (None, "none"), "--minibatches": args.minibatches > 1}
+        if any(refused.values()):
+            raise SystemExit(
+                f"{', '.join(flag for flag, bad in refused.items() if bad)}: not a stress of the DiffusionGemma toy "
+                "(its encoder cache is exact and always on; the fake-quantised rollout and the minibatches are wired "
+                "for the causal toy only). Run the other toys separately for them (docs/trust_region.md)."
+            )
+    args.cache_mode = args.cache_mode or "dual"
     if args.rollout_quant is None:
         args.rollout_quant = "fp8_e5m2" if args.models == ["causal"] else "none"
     if args.quick:
@@ -485,23 +509,29 @@ def install_rollout_quantisation(trainer, kind: str) -> None:
 
 # ------------------------------------------------------------------------------------------------------- runs
 def load_model(model_kind):
-    from dllm_trl.toy import load_sudoku, load_sudoku_causal
+    from dllm_trl.toy import load_sudoku, load_sudoku_causal, load_sudoku_diffusion_gemma
 
-    return (load_sudoku_causal if model_kind == "causal" else load_sudoku)()
+    return {"causal": load_sudoku_causal, "diffusion_gemma": load_sudoku_diffusion_gemma}.get(model_kind, load_sudoku)()
 
 
-def solve_rate(model_kind, model, tokenizer, eval_size) -> float:
+def solve_rate(model_kind, model, tokenizer, eval_size, sampler_seeds=(0, 1, 2)) -> float:
+    """The greedy solve rate of the first ``eval_size`` test puzzles; DiffusionGemma (random decoding): the mean solve
+    rate over ``sampler_seeds`` of its toy sampler."""
     from dllm_trl.toy import (
         SUDOKU_GEN_LENGTH,
         evaluate_accuracy,
         evaluate_causal_accuracy,
+        evaluate_diffusion_gemma_accuracy,
         sudoku_dataset,
         sudoku_generation_config,
         sudoku_reward,
     )
 
     held_out = sudoku_dataset("test", size=eval_size)
-    if model_kind == "causal":
+    if model_kind == "diffusion_gemma":
+        result = evaluate_diffusion_gemma_accuracy(model, tokenizer, held_out, batch_size=eval_size,
+                                                   reward=sudoku_reward, seeds=sampler_seeds)
+    elif model_kind == "causal":
         result = evaluate_causal_accuracy(model, tokenizer, held_out, max_new_tokens=SUDOKU_GEN_LENGTH,
                                           batch_size=eval_size, reward=sudoku_reward)
     else:
@@ -568,6 +598,8 @@ def make_trainer(model_kind, method, seed, args, output_dir):
     )
     model, tokenizer = load_model(model_kind)
     data = dict(reward_funcs=sudoku_cell_reward, train_dataset=sudoku_dataset("train"), processing_class=tokenizer)
+    if model_kind == "diffusion_gemma":
+        return diffusion_gemma_trainer(kind, model, output_dir, {**common, **settings}, data), tokenizer
     if model_kind == "causal" and kind == "clip":
         config = GRPOConfig(output_dir=output_dir, **common, **settings)
         return GRPOTrainer(model=model, args=config, **data), tokenizer
@@ -580,6 +612,25 @@ def make_trainer(model_kind, method, seed, args, output_dir):
     config = sudoku_rldf_config(output_dir, config_class=DPPOMaskConfig, **common, **settings,
                                 cache_mode=args.cache_mode)
     return DPPOMaskTrainer(model=model, args=config, **data), tokenizer
+
+
+def diffusion_gemma_trainer(kind, model, output_dir, settings, data):
+    """The DiffusionGemma toy's trainer of one method: its sampler with ``DiffusionGemmaRLDFLoss`` (the clipped
+    surrogates: PPO terms at ``num_iterations > 1``) or ``DiffusionGemmaTrustRegionLoss`` (the divergence masks)."""
+    from dllm_trl.generation import DiffusionGemmaSampler
+    from dllm_trl.losses import DiffusionGemmaRLDFLoss, DiffusionGemmaTrustRegionLoss
+    from dllm_trl.toy import sudoku_diffusion_gemma_sampler_config
+    from dllm_trl.toy.configs import sudoku_diffusion_gemma_rldf_config
+    from dllm_trl.trainers import DiffusionDPPOMaskTrainer, DPPOMaskConfig, RLDFTrainer
+
+    sampler = DiffusionGemmaSampler(sudoku_diffusion_gemma_sampler_config())
+    if kind == "clip":
+        config = sudoku_diffusion_gemma_rldf_config(output_dir, **settings)
+        return RLDFTrainer(model=model, args=config, sampler=sampler, loss=DiffusionGemmaRLDFLoss(config), **data)
+    settings["model_kind"] = "diffusion"  # the DPPOMaskConfig kind: not causal
+    config = sudoku_diffusion_gemma_rldf_config(output_dir, config_class=DPPOMaskConfig, **settings)
+    loss = DiffusionGemmaTrustRegionLoss(config, model.config.get_text_config().vocab_size)
+    return DiffusionDPPOMaskTrainer(model=model, args=config, sampler=sampler, loss=loss, **data)
 
 
 def run_one(model_kind, method, seed, args) -> dict:
@@ -606,9 +657,9 @@ def run_one(model_kind, method, seed, args) -> dict:
         trainer.train()
         train_seconds = time.perf_counter() - start
     start = time.perf_counter()
-    after = solve_rate(model_kind, trainer.model, tokenizer, args.eval_size)
+    after = solve_rate(model_kind, trainer.model, tokenizer, args.eval_size, args.sampler_seeds)
     sampled = (sampled_solve_rate(model_kind, trainer.model, tokenizer, args.eval_size, args.eval_samples)
-               if args.eval_samples else None)
+               if args.eval_samples and model_kind != "diffusion_gemma" else None)
     eval_seconds = time.perf_counter() - start
     logs = [entry for entry in trainer.state.log_history if "loss" in entry]  # one per optimizer step
     masked_key = "dppo/masked_frac" if masks else "clip_ratio/region_mean"
@@ -832,7 +883,18 @@ def markdown(store, args) -> str:
         baseline = store["baseline"][model_kind]
         start_sampled = store.get("baseline_sampled", {}).get(model_kind)
         start = f"greedy {baseline:.2f}" + (f", avg@{n} {start_sampled:.3f}" if start_sampled is not None else "")
-        lines += [f"### {model_kind} toy (start: {start})", "", HEADER.format(n=n)]
+        header = HEADER.format(n=n)
+        if model_kind == "diffusion_gemma":
+            start = f"solve rate {baseline:.3f}, mean over sampler seeds {setup['sampler_seeds']}"
+            header = header.replace("greedy solve rate", "solve rate (sampler-seed mean)")
+            header = header.replace("greedy", "solve rate")
+            lines += [f"### {model_kind} toy (start: {start})", "",
+                      "DiffusionGemma decodes at random (uniform-noise canvases, sampled tokens): its solve rate is "
+                      f"the mean over sampler seeds {setup['sampler_seeds']} of the toy sampler's solve rate, not a greedy one, "
+                      f"and avg@{n} is not measured (it would be the same quantity over more seeds). Its encoder cache "
+                      "is exact: the stress is the reuse of each rollout alone.", "", header]
+        else:
+            lines += [f"### {model_kind} toy (start: {start})", "", header]
         for method in METHODS:
             rows = [r for r in runs if r["method"] == method]
             if not rows:
@@ -903,7 +965,8 @@ def plot(store, path, fraction=0.5):
         first = statistics.fmean(r["rewards"][0] for r in runs)
         row[0].axhline(fraction * first, color="r", ls=":", lw=1, label=f"collapse line ({fraction:g} × first, mean)")
         row[1].set_xticks(range(len(present)), [LABELS[m] for m in present], rotation=25, ha="right", fontsize=7)
-        row[1].set(title=f"{model_kind}: final greedy solve rate (dots = seeds)", ylabel="solve rate")
+        rate = "solve rate (sampler-seed mean)" if model_kind == "diffusion_gemma" else "greedy solve rate"
+        row[1].set(title=f"{model_kind}: final {rate} (dots = seeds)", ylabel="solve rate")
         row[2].set(title=f"{model_kind}: share of loss tokens masked / clipped (seed mean)",
                    xlabel="optimizer step (a new rollout every num_iterations)", ylabel="masked fraction")
         for ax in row:
@@ -960,6 +1023,8 @@ def main(argv=None):
                  rollout_quant=args.rollout_quant, minibatches=args.minibatches, isolated_sample=args.isolated_sample)
     if "diffusion" in args.models:
         setup["cache_mode"] = args.cache_mode
+    if "diffusion_gemma" in args.models:
+        setup["sampler_seeds"] = args.sampler_seeds
     if args.report_only:
         if not store.get("runs"):
             raise SystemExit(f"no runs in {results_path} to report")
@@ -969,8 +1034,9 @@ def main(argv=None):
     for model_kind in args.models:
         if model_kind not in store["baseline"] and not args.report_only:
             model, tokenizer = load_model(model_kind)
-            store["baseline"][model_kind] = solve_rate(model_kind, model, tokenizer, args.eval_size)
-            if args.eval_samples:
+            store["baseline"][model_kind] = solve_rate(model_kind, model, tokenizer, args.eval_size,
+                                                       args.sampler_seeds)
+            if args.eval_samples and model_kind != "diffusion_gemma":
                 store.setdefault("baseline_sampled", {})[model_kind] = sampled_solve_rate(
                     model_kind, model, tokenizer, args.eval_size, args.eval_samples)
             results_path.write_text(json.dumps(store, indent=1) + "\n")

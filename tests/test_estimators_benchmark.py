@@ -132,3 +132,37 @@ def test_sudoku_quick_mode_writes_the_result_fields(estimators, tmp_path):
     # A second call finds every run in the JSON and runs none again.
     again = estimators.main(["--task", "sudoku", "--quick", "--output-dir", str(tmp_path)])
     assert again["runs"] == saved["runs"]
+
+
+def test_diffusion_gemma_arguments(estimators):
+    args = estimators.parse_args(["--task", "sudoku", "--model", "diffusion_gemma"])
+    assert args.name == "estimators_sudoku_diffusion_gemma" and args.learning_rates == [1e-5, 3e-5, 1e-4]
+    assert args.eval_size == 200 and args.sampler_seeds == [0, 1, 2]
+    # Only the trajectory estimators and the RLDF ablations: DiffusionGemma has no mask token to build masked states.
+    assert set(estimators.selected_configs(args)) == {"rldf", "sequential", *estimators.SUDOKU_ABLATIONS}
+    with pytest.raises(SystemExit, match="add --task sudoku"):
+        estimators.parse_args(["--model", "diffusion_gemma"])
+    with pytest.raises(SystemExit, match="no block model"):
+        estimators.parse_args(["--task", "sudoku", "--model", "block"])
+
+
+def test_diffusion_gemma_quick_mode(estimators, tmp_path):
+    """The Sudoku protocol on the DiffusionGemma toy end to end: its sampler and loss, forwards counted on the decoder
+    it really calls, the solve rate a mean over sampler seeds."""
+    estimators.main(["--task", "sudoku", "--model", "diffusion_gemma", "--quick", "--output-dir", str(tmp_path)])
+    saved = json.loads((tmp_path / "estimators_sudoku_diffusion_gemma_quick.json").read_text())
+    setup = saved["setup"]
+    assert (setup["model"], setup["sampler_seeds"], setup["learning_rates"]) == ("diffusion_gemma", [0], [1e-5, 1e-4])
+    table = (tmp_path / "estimators_sudoku_diffusion_gemma_quick_table.md").read_text()
+    assert "**not greedy**" in table and "rldf − sequential" in table
+    assert {r["name"] for r in saved["runs"]} == {"rldf", "sequential", "rldf tau=inf"}
+    for run in saved["runs"]:
+        assert run["steps"] == 2 and run["sampler_seed_accuracies"] == [run["accuracy"]]
+        calls, fwd = run["model_calls_per_step"], run["forwards_per_completion"]
+        # One decoder call per denoising step carries the whole batch of 32 rollouts (at most 16 steps, one canvas).
+        assert 1.0 <= fwd["rollout"] <= 16.0 and calls["rollout"] == pytest.approx(fwd["rollout"])
+        assert fwd["loss"] == pytest.approx(run["states_per_completion"])  # one replayed decoder row per state
+        if run["settings"]["policy_estimator"] == "sequential":
+            assert fwd["score"] == 0.0  # targets are the accepted tokens: no π_old pass
+        else:
+            assert fwd["score"] == pytest.approx(fwd["loss"])  # π_old scores the same states for the clean targets

@@ -270,3 +270,30 @@ def test_defaults_are_the_main_calibrated_study(trust_region):
     assert both.rollout_quant == "none"  # the fake-quantised rollout is the causal toy's stress only
     assert trust_region.parse_args(["--quick"]).name == "trust_region_quick"
 
+
+
+def test_diffusion_gemma_refuses_the_other_toys_stresses(trust_region):
+    for flags in (["--cache-mode", "none"], ["--rollout-quant", "fp8_e5m2"], ["--minibatches", "2"]):
+        with pytest.raises(SystemExit, match=flags[0]):
+            trust_region.parse_args(["--models", "diffusion_gemma", *flags])
+    both = trust_region.parse_args(["--models", "diffusion", "diffusion_gemma", "--cache-mode", "none"])
+    assert both.cache_mode == "none"  # the masked-diffusion toy's cache, still settable beside it
+    assert trust_region.parse_args([]).cache_mode == "dual"
+
+
+def test_quick_mode_on_the_diffusion_gemma_toy(trust_region, tmp_path):
+    """DiffusionGemma: a clipped surrogate and a divergence mask through its sampler and losses; its encoder cache is
+    exact, so the first update of a rollout is on-policy and neither trust region drops anything there."""
+    store = trust_region.main(["--quick", "--models", "diffusion_gemma", "--methods", "grpo_clip_higher",
+                               "predictive_uni", "--eval-size", "10", "--output-dir", str(tmp_path)])
+    assert store["setup"]["sampler_seeds"] == [0, 1, 2] and "cache_mode" not in store["setup"]
+    assert 0.0 < store["baseline"]["diffusion_gemma"] <= 1.0 and "diffusion_gemma" not in store["baseline_sampled"]
+    runs = {r["method"]: r for r in store["runs"]}
+    for run in runs.values():
+        assert run["model"] == "diffusion_gemma" and len(run["masked_frac_per_step"]) == 3
+        assert run["masked_frac_per_step"][0] == 0.0 and run["sampled_solve_rate"] is None
+    mask = runs["predictive_uni"]
+    # μ of accepted tokens comes from the rollout's record, of clean targets from π_old: both kinds are there.
+    assert 0.0 < mask["mu_from_rollout"] < 1.0 and mask["tokens"] > 0 and "direction_agreement" not in mask
+    table = (tmp_path / "trust_region_quick_table.md").read_text()
+    assert "### diffusion_gemma toy" in table and "solve rate (sampler-seed mean)" in table
