@@ -550,3 +550,34 @@ def test_lora_training_tied_adapters_and_merge():
     wrong = sampler(naive, prompt)
     assert not torch.allclose(wrong.denoising_steps.accepted_logps[:, :1], adapted.denoising_steps.accepted_logps[:, :1],
                               atol=1e-4)
+
+
+def test_peft_config_given_to_the_trainer_gets_tied_adapters(tmp_path):
+    """``RLDFTrainer(..., peft_config=LoraConfig(...))``: TRL adds the adapters inside the trainer, after the loss
+    prepared the model; the loss ties them there too (else encoder and decoder adapters of one shared weight would
+    train apart, silently), and the trained adapters save. Targeting only the encoder's modules is refused."""
+    from peft import LoraConfig
+
+    def trainer_with(target_modules):
+        model, tokenizer = toy_model()
+        args = RLDFConfig(str(tmp_path / "run"), max_completion_length=8, block_length=4, num_generations=4,
+                          per_device_train_batch_size=4, max_steps=1, use_cpu=True, report_to="none",
+                          save_strategy="no", num_sampled_timesteps=2, bf16=False, logging_steps=1)
+        sampler = DiffusionGemmaSampler(DiffusionGemmaSamplerConfig(gen_length=8, max_denoising_steps=3))
+        return RLDFTrainer(model=model, reward_funcs=digit_ones_reward, args=args,
+                           train_dataset=toy_dataset("train", size=16), processing_class=tokenizer, sampler=sampler,
+                           loss=DiffusionGemmaRLDFLoss(args),
+                           peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=target_modules))
+
+    trainer = trainer_with(LORA_TARGETS)
+    modules = dict(trainer.model.named_modules())
+    pairs = [(name, modules[name.replace("encoder.language_model.layers", "decoder.layers")])
+             for name, module in modules.items()
+             if ".encoder.language_model.layers." in name and hasattr(module, "lora_A")]
+    assert len(pairs) == 2 * 4 - 1 and all(modules[name].lora_A is twin.lora_A for name, twin in pairs)
+    trainer.train()
+    trainer.save_model(str(tmp_path / "saved"))
+    assert (tmp_path / "saved" / "adapter_config.json").is_file()
+
+    with pytest.raises(ValueError, match="decoder twin is not"):
+        trainer_with(r".*language_model\.layers\.\d+\.self_attn\.q_proj")

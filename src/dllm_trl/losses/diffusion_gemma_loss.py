@@ -135,6 +135,14 @@ class DiffusionGemmaRLDFLoss(RLDFLoss):
             if not name.startswith("language_model."):
                 param.requires_grad_(False)
 
+    def prepare_wrapped_model(self, model) -> None:
+        """With ``peft_config``, TRL adds the LoRA adapters inside the trainer: tie each encoder adapter to its decoder
+        twin (:func:`~dllm_trl.models.tie_encoder_adapters`), as a user who wraps the model first must, so that the
+        shared weights keep one adapter each (refused, with the fix, when only the encoder's modules are targeted)."""
+        from ..models.diffusion_gemma import tie_encoder_adapters
+
+        tie_encoder_adapters(model)
+
     def check_model(self, model) -> None:
         if not is_diffusion_gemma(model):
             raise ValueError(f"{type(self).__name__} trains DiffusionGemma; got {type(unwrap_model(model)).__name__}. "

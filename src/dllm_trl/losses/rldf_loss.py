@@ -149,6 +149,10 @@ class RLDFLoss:
         bidirectionally (block-causally for a block-diffusion model)."""
         make_bidirectional(model)
 
+    def prepare_wrapped_model(self, model) -> None:
+        """Adjust the model once TRL has wrapped it (with ``peft_config``, its PEFT adapters exist only now), before
+        the engine shards it. Nothing to do for masked diffusion."""
+
     def check_model(self, model) -> None:
         if is_diffusion_gemma(model):
             raise ValueError(

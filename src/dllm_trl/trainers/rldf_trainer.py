@@ -86,6 +86,7 @@ class RLDFTrainer(SafeRunMixin, GRPOTrainer):
         check_sampler_length(self.sampler.config, args)
         check_training_inputs(model, kwargs.get("train_dataset"), kwargs.get("processing_class"))
         reference = init_with_reference(self, super().__init__, model, args, reward_funcs=reward_funcs, **kwargs)
+        self.loss.prepare_wrapped_model(self.model)
         prepare_model_buffers(self.model, self.accelerator)
         if reference is not None:
             self.ref_model = prepare_reference(reference, self.accelerator, self.args.disable_dropout)
