@@ -562,7 +562,8 @@ def test_peft_config_given_to_the_trainer_gets_tied_adapters(tmp_path):
         model, tokenizer = toy_model()
         args = RLDFConfig(str(tmp_path / "run"), max_completion_length=8, block_length=4, num_generations=4,
                           per_device_train_batch_size=4, max_steps=1, use_cpu=True, report_to="none",
-                          save_strategy="no", num_sampled_timesteps=2, bf16=False, logging_steps=1)
+                          save_strategy="no", num_sampled_timesteps=2, bf16=False, logging_steps=1,
+                          learning_rate=1e-2, drop_zero_variance_groups=False)  # adapters far from zero in one step
         sampler = DiffusionGemmaSampler(DiffusionGemmaSamplerConfig(gen_length=8, max_denoising_steps=3))
         return RLDFTrainer(model=model, reward_funcs=digit_ones_reward, args=args,
                            train_dataset=toy_dataset("train", size=16), processing_class=tokenizer, sampler=sampler,
@@ -578,6 +579,28 @@ def test_peft_config_given_to_the_trainer_gets_tied_adapters(tmp_path):
     trainer.train()
     trainer.save_model(str(tmp_path / "saved"))
     assert (tmp_path / "saved" / "adapter_config.json").is_file()
+    # Loading the saved adapter merges each shared weight's delta once: the merged model decodes as the trained one.
+    from dllm_trl.models.engines import load_adapter
+
+    merged = load_adapter(toy_model()[0], str(tmp_path / "saved")).eval()
+    assert type(merged).__name__ == "DiffusionGemmaForBlockDiffusion"
+    sampler = DiffusionGemmaSampler(DiffusionGemmaSamplerConfig(gen_length=8, max_denoising_steps=3))
+    prompt = torch.tensor([[5, 6, 7, 8]])
+    outputs = []
+    for model in (trainer.model.eval(), merged):
+        torch.manual_seed(3)
+        outputs.append(sampler(model, prompt))
+    assert torch.equal(outputs[0].sequences, outputs[1].sequences)
+    torch.testing.assert_close(outputs[1].denoising_steps.accepted_logps, outputs[0].denoising_steps.accepted_logps,
+                               atol=1e-5, rtol=1e-5)
 
     with pytest.raises(ValueError, match="decoder twin is not"):
         trainer_with(r".*language_model\.layers\.\d+\.self_attn\.q_proj")
+    with pytest.raises(ValueError, match="task_type=None"):
+        model, tokenizer = toy_model()
+        args = RLDFConfig(str(tmp_path / "run"), max_completion_length=8, block_length=4, use_cpu=True,
+                          report_to="none", bf16=False)
+        RLDFTrainer(model=model, reward_funcs=digit_ones_reward, args=args, train_dataset=toy_dataset("train", size=8),
+                    processing_class=tokenizer, loss=DiffusionGemmaRLDFLoss(args),
+                    sampler=DiffusionGemmaSampler(DiffusionGemmaSamplerConfig(gen_length=8, max_denoising_steps=3)),
+                    peft_config=LoraConfig(r=4, target_modules=LORA_TARGETS, task_type="CAUSAL_LM"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import io
+import json
 import os
 import re
 import runpy
@@ -23,7 +24,7 @@ from dllm_trl.toy import load_toy
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 CONFIGS = EXAMPLES / "accelerate_configs"
-SCRIPTS = ["rldf_math.py", "rldf_code.py", "dppo_mask_math.py", "evaluate.py"]
+SCRIPTS = ["rldf_math.py", "rldf_code.py", "dppo_mask_math.py", "evaluate.py", "rldf_diffusion_gemma.py"]
 TIMEOUT = 240
 
 
@@ -193,3 +194,37 @@ def test_examples_checkpoint_and_resume(tmp_path, script):
     output = run_example(flags + ["--max_steps", "3", "--resume_from_checkpoint", "true"], tmp_path)
     assert (tmp_path / "run" / "checkpoint-3").is_dir()
     assert len(re.findall(r"^\{'loss': '", output, flags=re.M)) == 1, output[-3000:]  # step 3 only
+
+
+def test_rldf_diffusion_gemma_runs_two_toy_steps(tmp_path):
+    """No arguments: two RLDF steps of the noisy-teacher DiffusionGemma Sudoku toy; the saved model is transformers'
+    DiffusionGemma class again."""
+    from dllm_trl.models import load_diffusion_model
+
+    assert len(logged_rewards(run_example([str(EXAMPLES / "rldf_diffusion_gemma.py")], tmp_path))) == 2
+    saved = tmp_path / "outputs" / "rldf-diffusion-gemma"
+    assert type(load_diffusion_model(str(saved))).__name__ == "DiffusionGemmaForBlockDiffusion"
+
+
+def test_rldf_diffusion_gemma_lora_run_saves_tied_adapters_that_load_merged(tmp_path):
+    """--use_peft: the script's default targets (both text stacks' attention), a plain PeftModel, tied adapters; the
+    saved adapter loads (as examples/evaluate.py loads it) into one merged DiffusionGemma."""
+    from trl import ModelConfig
+
+    from dllm_trl.models import load_model_and_tokenizer
+
+    output = run_example([str(EXAMPLES / "rldf_diffusion_gemma.py"), "--output_dir", "lora", "--use_peft",
+                          "--lora_r", "4", "--lora_alpha", "8", "--max_steps", "1"], tmp_path)
+    assert len(logged_rewards(output)) == 1
+    config = json.loads((tmp_path / "lora" / "adapter_config.json").read_text())
+    assert config["task_type"] is None and "decoder" in config["target_modules"]
+    model, _ = load_model_and_tokenizer(ModelConfig(model_name_or_path=str(tmp_path / "lora")))
+    assert type(model).__name__ == "DiffusionGemmaForBlockDiffusion"
+
+
+def test_rldf_diffusion_gemma_docstring_commands_parse():
+    script = runpy.run_path(str(EXAMPLES / "rldf_diffusion_gemma.py"), run_name="examples")
+    commands = docstring_commands("rldf_diffusion_gemma.py")
+    assert len(commands) == 2 and any("--use_peft" in c for c in commands)
+    for arguments in commands:
+        script["make_parser"]().parse_args(arguments)

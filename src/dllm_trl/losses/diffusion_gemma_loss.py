@@ -135,6 +135,15 @@ class DiffusionGemmaRLDFLoss(RLDFLoss):
             if not name.startswith("language_model."):
                 param.requires_grad_(False)
 
+    def check_peft_config(self, peft_config) -> None:
+        """PEFT's task wrappers (``task_type="CAUSAL_LM"``, TRL's ``get_peft_config`` default) assume a causal LM's
+        generation API, which ``DiffusionGemmaForBlockDiffusion`` does not have: refused with the fix."""
+        task_type = getattr(peft_config, "task_type", None)
+        if task_type is not None:
+            raise ValueError(f"peft_config.task_type={str(task_type)!r}: PEFT wraps such a model as a causal LM "
+                             "(PeftModelForCausalLM needs prepare_inputs_for_generation), which DiffusionGemma is not; "
+                             "set task_type=None (--lora_task_type is TRL's flag for it; the example script does so).")
+
     def prepare_wrapped_model(self, model) -> None:
         """With ``peft_config``, TRL adds the LoRA adapters inside the trainer: tie each encoder adapter to its decoder
         twin (:func:`~dllm_trl.models.tie_encoder_adapters`), as a user who wraps the model first must, so that the

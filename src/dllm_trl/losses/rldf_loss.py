@@ -149,6 +149,10 @@ class RLDFLoss:
         bidirectionally (block-causally for a block-diffusion model)."""
         make_bidirectional(model)
 
+    def check_peft_config(self, peft_config) -> None:
+        """Refuse a ``peft_config`` this loss's model cannot be wrapped with (before TRL wraps it). Any for masked
+        diffusion."""
+
     def prepare_wrapped_model(self, model) -> None:
         """Adjust the model once TRL has wrapped it (with ``peft_config``, its PEFT adapters exist only now), before
         the engine shards it. Nothing to do for masked diffusion."""

@@ -20,6 +20,11 @@ from torch import nn
 
 from .engines import unwrap_peft
 
+DIFFUSION_GEMMA_LORA_TARGETS = r".*(language_model|decoder)\.layers\.\d+\.self_attn\.(q_proj|k_proj|v_proj|o_proj)"
+"""PEFT ``target_modules`` (a regex) for LoRA on DiffusionGemma's text attention: the same projections in the encoder
+and the decoder stack (tied by :func:`tie_encoder_adapters`), none in the vision tower (whose projections wrap their
+``nn.Linear`` in a clipping module PEFT cannot adapt)."""
+
 _ENCODER_LAYER = re.compile(r"^(.*)\.encoder\.language_model\.layers\.(\d+)\.(.+)$")
 
 

@@ -78,6 +78,7 @@ class RLDFTrainer(SafeRunMixin, GRPOTrainer):
             model = load_diffusion_model(model, **dict(args.model_init_kwargs or {}))
         self.loss = self.make_loss(args, model) if loss is None else loss
         self.loss.check_model(model)
+        self.loss.check_peft_config(kwargs.get("peft_config"))
         self.loss.prepare_model(model)
         self.sampler = MaskedDiffusionSampler(args.diffusion_generation_config()) if sampler is None else sampler
         for name, value in self.loss.sampler_requests().items():  # what the loss reads from the rollout's record
