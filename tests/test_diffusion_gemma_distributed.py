@@ -81,3 +81,28 @@ def test_fsdp2_groups_the_tied_modules(checkpoint):
     assert groups[-1] == [inner.encoder.language_model.embed_tokens, inner.encoder.language_model.norm,
                           inner.decoder.embed_tokens, inner.decoder.norm, model.lm_head]
     assert shared_parameter_groups(build_tiny_llada()) == []
+
+
+def test_example_script_trains_tied_lora_under_ddp(tmp_path):
+    """``examples/rldf_diffusion_gemma.py --use_peft`` launched on 2 CPU processes (DDP): both processes train the
+    toy with the adapters TRL adds (tied by the loss: a shared lora module runs in the encoder and the decoder of one
+    forward, and DDP's reducer must still see each gradient once) and the saved adapter loads merged."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from trl import ModelConfig
+
+    from dllm_trl.models import load_model_and_tokenizer
+
+    script = Path(__file__).resolve().parents[1] / "examples" / "rldf_diffusion_gemma.py"
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", str(script),
+               "--use_cpu", "true", "--use_peft", "--lora_r", "4", "--lora_alpha", "8", "--max_steps", "2", "--output_dir",
+               "lora-ddp"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", CUDA_VISIBLE_DEVICES="")
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    assert done.stdout.count("mean reward per logged step") == 2  # both processes trained
+    model, _ = load_model_and_tokenizer(ModelConfig(model_name_or_path=str(tmp_path / "lora-ddp")))
+    assert type(model).__name__ == "DiffusionGemmaForBlockDiffusion"
