@@ -70,10 +70,10 @@ def held_out(model, tokenizer, args) -> dict:
     test = sudoku_dataset("test", size=args.eval_size)
     plain = evaluate_diffusion_gemma_accuracy(model, tokenizer, test, batch_size=args.eval_size,
                                               seeds=args.eval_seeds)
-    either = evaluate_diffusion_gemma_accuracy(model, tokenizer, test, batch_size=args.eval_size,
-                                               reward=sudoku_up_to_relabelling_reward, seeds=args.eval_seeds)
+    either = [sum(sudoku_up_to_relabelling_reward(completions, list(test["puzzle"]))) / len(test)
+              for completions in plain["completions_per_seed"]]  # the same decodes, scored in either convention
     return dict(solve_rate=plain["accuracy"], per_eval_seed=plain["accuracies"],
-                up_to_relabelling=either["accuracy"])
+                up_to_relabelling=sum(either) / len(either))
 
 
 def run_one(toy: str, seed: int, args) -> dict:

@@ -69,8 +69,9 @@ def evaluate_diffusion_gemma_accuracy(model, tokenizer, dataset, sampler_config=
     ``torch.Generator``, batch after batch) and score it with ``reward`` (default ``sudoku_reward``).
 
     DiffusionGemma's decoding is random (uniform-noise canvases, sampled tokens), so ``accuracy`` is the mean share of
-    reward 1 over the seeds, ``accuracies`` the per-seed shares; the other keys are :func:`evaluate_accuracy`'s, summed
-    over the seeds (``completions``: the first seed's).
+    reward 1 over the seeds, ``accuracies`` the per-seed shares; ``nfe`` and ``seconds`` are summed over the seeds;
+    ``tokens_per_second``, ``num_problems`` and ``completions`` are the first seed's; ``completions_per_seed`` holds
+    every seed's (to score them with another reward without decoding again).
     """
     import torch
 
@@ -99,6 +100,7 @@ def evaluate_diffusion_gemma_accuracy(model, tokenizer, dataset, sampler_config=
         seconds=sum(r["seconds"] for r in results),
         num_problems=first["num_problems"],
         completions=first["completions"],
+        completions_per_seed=[r["completions"] for r in results],
     )
 
 
