@@ -431,10 +431,11 @@ def load_adapter(base: nn.Module, path: str, merge: bool = True) -> nn.Module:
     (:mod:`~dllm_trl.models.diffusion_gemma`; PEFT's own merge would add both)."""
     from peft import PeftModel
 
+    from ..generation.diffusion_gemma import is_diffusion_gemma
     from .diffusion_gemma import merge_tied_adapters, tie_encoder_adapters
 
     model = PeftModel.from_pretrained(base, path)
-    if type(base).__name__ == "DiffusionGemmaForBlockDiffusion":
+    if is_diffusion_gemma(base):
         for name, param in model.named_parameters():  # saved from a tied model: encoder adapter = decoder adapter
             twin = name.replace(".encoder.language_model.layers.", ".decoder.layers.")
             if "lora_" in name and twin != name and not torch.equal(param, model.get_parameter(twin)):
