@@ -6,7 +6,11 @@ else a checkpoint folder, loaded *after* the training arguments so that ZeRO-3 c
 ``backward_mode`` (passed only when given), ``steps``, ``save`` (``1``: a checkpoint at the last step),
 ``fsdp_on_cpu`` (see :func:`fsdp_state_on_cpu`), ``use_cpu``, ``count_comm`` (count collectives during training,
 for ``benchmarks/engines.py``), ``family`` (``diffusion_gemma``: ``model`` is a DiffusionGemma checkpoint, trained
-with its own sampler and loss). Every process checks that its view of the full parameters, and its buffers, equal
+with its own sampler and loss), ``task`` (``sure_unsure``: the shipped Sudoku toy on prompts it is sure of — given
+grids, decoded in a few steps, whose groups drop as zero-variance — for process 0 and unsure of — 10–12 blanks, up
+to 20 steps — for process 1, with dynamic unmasking, so that the processes decode different step counts and run
+different numbers of loss forwards; see :func:`sure_unsure_dataset`). Each process records its rollouts' forward
+counts and its real loss chunks per step (``nfe``, ``loss_chunks`` in the result, one row per process). Every process checks that its view of the full parameters, and its buffers, equal
 the others'; rank 0 writes ``OUTPUT_DIR/result.pt`` (losses, KLs, the full trained parameters, the engine that ran).
 The harness reads the engines through accelerate and torch only, not through the code under test.
 """
@@ -40,7 +44,7 @@ def distinct_reward(completions, **kwargs):
 
 def parse(argv):
     options = dict(model="memory", beta="0.01", backward_mode="", steps="2", save="0", fsdp_on_cpu="0", use_cpu="1",
-                   count_comm="0", family="masked")
+                   count_comm="0", family="masked", task="addition")
     for item in argv:
         key, value = item.split("=", 1)
         if key not in options:
@@ -105,6 +109,36 @@ def fsdp_state_on_cpu():
     return state
 
 
+def sure_unsure_dataset(size: int = 8):
+    """Sudoku prompts alternating sure (a given grid: the toy copies it in 2–7 steps, its two completions mostly
+    equal, so the group drops as zero-variance) and unsure (10–12 blanks: 12–15 steps, rewards that vary). Unshuffled,
+    with 2 completions per prompt and 2 per process, process 0 always gets a sure prompt and process 1 an unsure one."""
+    import random
+
+    from datasets import Dataset
+
+    from dllm_trl.toy.sudoku import all_grids, make_puzzle, sudoku_prompt
+
+    rng, grids = random.Random(0), all_grids()
+    puzzles = [make_puzzle(grids[rng.randrange(len(grids))], rng, 0 if i % 2 == 0 else 10 + i % 3) for i in range(size)]
+    return Dataset.from_dict({"prompt": [sudoku_prompt(p) for p in puzzles], "puzzle": puzzles})
+
+
+class RecordingSampler:
+    """The trainer's sampler, recording each rollout's model forwards (``nfe``)."""
+
+    def __init__(self, sampler, record):
+        self.sampler, self.config, self.record = sampler, sampler.config, record
+
+    def check_model(self, model):
+        self.sampler.check_model(model)
+
+    def __call__(self, *args, **kwargs):
+        output = self.sampler(*args, **kwargs)
+        self.record.append(output.nfe)
+        return output
+
+
 def full_parameters(model) -> torch.Tensor:
     """This process's view of every parameter in full, flattened (gathering ZeRO-3 partitions and FSDP2 shards)."""
     params = list(model.parameters())
@@ -129,18 +163,30 @@ def main(output_dir: str, options: dict):
         extra["backward_mode"] = options["backward_mode"]
     steps = int(options["steps"])
     gemma = options["family"] == "diffusion_gemma"
+    sure_unsure = options["task"] == "sure_unsure"
     if not gemma:
         extra["temperature"] = 1.0  # a masked-diffusion decoding field (DiffusionGemma's follows its schedule)
+    shape = dict(per_device_train_batch_size=4 // int(os.environ.get("WORLD_SIZE", "1")), num_generations=4,
+                 max_completion_length=8, block_length=4, learning_rate=1e-3)
+    if sure_unsure:  # one prompt per process and step, in dataset order; one block of 20, dynamic unmasking
+        shape = dict(per_device_train_batch_size=2, num_generations=2, max_completion_length=20, block_length=20,
+                     shuffle_dataset=False, unmasking="dynamic", unmasking_threshold=0.9, learning_rate=1e-5)
     args = RLDFConfig(
-        output_dir=output_dir, per_device_train_batch_size=4 // int(os.environ.get("WORLD_SIZE", "1")),
-        num_generations=4, max_steps=steps, logging_steps=1, report_to="none", learning_rate=1e-3,
-        beta=float(options["beta"]), seed=0, use_cpu=options["use_cpu"] == "1",
+        output_dir=output_dir, max_steps=steps, logging_steps=1, report_to="none", beta=float(options["beta"]), seed=0, use_cpu=options["use_cpu"] == "1",
         bf16=False,  # fp32 everywhere, so that engines can be compared tightly
-        save_strategy="steps" if options["save"] == "1" else "no", save_steps=steps, max_completion_length=8,
-        block_length=4, num_sampled_timesteps=4, drop_zero_variance_groups=True, **extra,
+        save_strategy="steps" if options["save"] == "1" else "no", save_steps=steps,
+        num_sampled_timesteps=4, drop_zero_variance_groups=True, **shape, **extra,
     )
-    pieces, reward = {}, length_reward
-    if options["model"] == "memory":
+    pieces, reward, dataset = {}, length_reward, addition_dataset()
+    if sure_unsure:
+        from transformers import AutoTokenizer
+
+        from dllm_trl.toy import sudoku_cell_reward, toy_assets_dir
+
+        path = str(toy_assets_dir("sudoku")) if options["model"] == "memory" else options["model"]
+        model, tokenizer = load_diffusion_model(path), AutoTokenizer.from_pretrained(path)
+        reward, dataset = sudoku_cell_reward, sure_unsure_dataset()
+    elif options["model"] == "memory":
         torch.manual_seed(0)
         model = build_tiny_llada(vocab_size=len(tokenizer), mask_token_id=tokenizer.mask_token_id,
                                  eos_token_id=tokenizer.eos_token_id)
@@ -152,8 +198,19 @@ def main(output_dir: str, options: dict):
     else:
         model = load_diffusion_model(options["model"], mask_token_id=tokenizer.mask_token_id)
     partitioned_at_load = any(hasattr(p, "ds_id") for p in model.parameters())
-    trainer = RLDFTrainer(model=model, reward_funcs=reward, args=args, train_dataset=addition_dataset(),
+    trainer = RLDFTrainer(model=model, reward_funcs=reward, args=args, train_dataset=dataset,
                           processing_class=tokenizer, **pieces)
+    nfe, loss_chunks = [], []
+    trainer.sampler = RecordingSampler(trainer.sampler, nfe)
+    real_chunks = trainer.loss.loss_chunks
+
+    def recording_chunks(model, inputs, steps):
+        chunks = real_chunks(model, inputs, steps)
+        if torch.is_grad_enabled():
+            loss_chunks.append(len(chunks))
+        return chunks
+
+    trainer.loss.loss_chunks = recording_chunks
     COMMUNICATION["on"] = options["count_comm"] == "1"
     trainer.add_callback(CommunicationPerStep())
     trainer.train()
@@ -171,6 +228,7 @@ def main(output_dir: str, options: dict):
     buffer_views = trainer.accelerator.gather(torch.cat(buffers).unsqueeze(0))
     assert all(torch.equal(buffer_views[0], view) for view in buffer_views), "buffers differ across processes"
     COMMUNICATION["on"] = False
+    per_process = trainer.accelerator.gather(torch.tensor([nfe, loss_chunks]).unsqueeze(0)).tolist()
     rss = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0])
     peak_rss = trainer.accelerator.gather(rss).max().item()
     state = trainer.accelerator.get_state_dict(trainer.model_wrapped)  # full weights, gathered from the shards
@@ -192,6 +250,8 @@ def main(output_dir: str, options: dict):
                 "step_time": [entry.get("step_time") for entry in logs],
                 "collectives_per_step": COMMUNICATION.get("per_step", []),
                 "peak_rss_mib": peak_rss,
+                "nfe": [row[0] for row in per_process],
+                "loss_chunks": [row[1] for row in per_process],
             },
             os.path.join(output_dir, "result.pt"),
         )

@@ -38,7 +38,8 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def launch(out: Path, *options: str, config: str | None = "multi_gpu", processes: int = 2, check: bool = True):
+def launch(out: Path, *options: str, config: str | None = "multi_gpu", processes: int = 2, check: bool = True,
+           timeout: int = 900):
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", CUDA_VISIBLE_DEVICES="",
                DS_ACCELERATOR="cpu")
     command = [sys.executable, "-m", "accelerate.commands.launch"]
@@ -46,7 +47,7 @@ def launch(out: Path, *options: str, config: str | None = "multi_gpu", processes
         command += ["--config_file", str(CONFIGS / f"{config}.yaml")]
     command += ["--num_processes", str(processes), "--num_machines", "1", "--mixed_precision", "no",
                 "--dynamo_backend", "no", "--main_process_port", str(free_port()), str(SCRIPT), str(out), *options]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
     output = done.stdout + done.stderr
     if check:
         assert done.returncode == 0, output[-6000:]
@@ -120,6 +121,39 @@ def test_fsdp2_trains_checkpoints_and_agrees_with_ddp(ddp, tmp_path, checkpoint)
     saved = load_diffusion_model(str(tmp_path / "checkpoint-2"))
     for name, value in saved.state_dict().items():
         torch.testing.assert_close(value, result["params"][name], atol=0, rtol=0, msg=name)
+
+
+@pytest.fixture(scope="module")
+def sure_unsure_ddp(tmp_path_factory):
+    """DDP on prompts that make the processes differ (``distributed_rldf.sure_unsure_dataset``): nothing is kept in
+    lock-step under DDP, whose forwards are local."""
+    return launch(tmp_path_factory.mktemp("sure_unsure_ddp"), "task=sure_unsure", timeout=600)
+
+
+def test_sure_and_unsure_prompts_make_the_processes_differ(sure_unsure_ddp):
+    """The inputs of the lock-step tests do what they are for: on every step the process with the sure prompt decodes
+    in fewer forwards than the other, and its groups all drop as zero-variance (no loss chunk) while the other
+    backpropagates one per sampled step."""
+    (sure_nfe, unsure_nfe), (sure_chunks, unsure_chunks) = sure_unsure_ddp["nfe"], sure_unsure_ddp["loss_chunks"]
+    assert all(a < b for a, b in zip(sure_nfe, unsure_nfe)), sure_unsure_ddp["nfe"]
+    assert sure_chunks == [0, 0] and all(n > 1 for n in unsure_chunks), sure_unsure_ddp["loss_chunks"]
+
+
+@pytest.mark.parametrize(
+    "config, options",
+    [("fsdp", ("fsdp_on_cpu=1",)), ("deepspeed_zero3", ()), ("deepspeed_zero3", ("backward_mode=per_step",))],
+    ids=["fsdp2", "zero3", "zero3_per_step"],
+)
+def test_processes_decoding_different_step_counts_stay_in_lock_step(sure_unsure_ddp, tmp_path, config, options):
+    """Under engines whose forwards are collectives, the process that is done first (a sure block in 3–4 forwards
+    against 13–15; no loss chunk against 4) runs idle forwards until the other is done (SPEC §9). Without it ZeRO-3
+    hangs and FSDP2 aborts on a collective mismatch; with it the run finishes and trains as DDP does."""
+    result = launch(tmp_path, "task=sure_unsure", *options, config=config, timeout=600)
+    assert result["sharded"]
+    assert result["nfe"] == sure_unsure_ddp["nfe"] and result["loss_chunks"] == sure_unsure_ddp["loss_chunks"]
+    assert result["losses"] == pytest.approx(sure_unsure_ddp["losses"], abs=1e-6)
+    for name, value in sure_unsure_ddp["params"].items():
+        torch.testing.assert_close(result["params"][name], value, **AGREEMENT, msg=name)
 
 
 def test_fsdp_config_on_cpu_is_refused(tmp_path, checkpoint):

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from ..models.engines import forward_replacing, unwrap_model
+from ..models.engines import LockStep, forward_replacing, unwrap_model
 from .sampler import NEVER_COMMITTED, DiffusionGenerationOutput, completion_mask_to_eos
 from .trajectory import DenoisingSteps
 
@@ -198,6 +198,13 @@ class _Calls:
 
         self.inside_forward(run)
 
+    def idle_step(self, cache, canvas: torch.Tensor, start: int, attention: torch.Tensor) -> None:
+        """A decoding step's calls on the first row alone, its logits dropped: the partner of another process's step
+        (the self-conditioning block runs with or without a signal, so none is passed)."""
+        row = torch.zeros(1, dtype=torch.long, device=canvas.device)
+        view = select_cache_rows(cache, row)
+        self.logits(view, canvas[:1], start, self.decoder_mask(view, canvas[:1], attention[:1]))
+
     def decoder_mask(self, cache, canvas: torch.Tensor, attention: torch.Tensor):
         return self.decoder.create_diffusion_decoder_attention_mask(
             config=self.config, inputs_embeds=canvas.unsqueeze(-1), **{self.cache_keyword: cache},
@@ -306,16 +313,30 @@ class DiffusionGemmaSampler:
         sequence_done = torch.zeros(batch, dtype=torch.bool, device=device)
         record = {name: [] for name in ("canvas", "temperature", "has_sc", "state", "accept", "accepted", "logps",
                                         "active", "sc", "topk_ids", "topk_logps")}
+        # Rows stop early, so a process may finish a canvas, or the whole rollout, before another: under engines whose
+        # forwards are collectives it then runs idle forwards (one row, no random draw) while any process still
+        # decodes, the same calls in the same order (SPEC §9).
+        lock = LockStep(model)
         chunk, start = prompt_ids, 0
         for c in range(num_canvases):
+            idle = bool(sequence_done.all())  # only reached in lock-step: another process still decodes
+            if idle:
+                cache, start, attention = calls.new_cache(), 0, attention[:1, :1]
+                chunk, canvas = chunk[:1, :1], torch.zeros(1, length, dtype=prompt_ids.dtype, device=device)
             calls.encode_alone(cache, chunk, attention, start)
             start += chunk.shape[1]
-            canvas = torch.randint(0, vocab, (batch, length), device=device, generator=generator)
+            if not idle:
+                canvas = torch.randint(0, vocab, (batch, length), device=device, generator=generator)
             decoder_attention = torch.nn.functional.pad(attention, (0, length), value=True)
             mask = calls.decoder_mask(cache, canvas, decoder_attention)
             sc_logits, argmax, done = None, canvas, torch.zeros(batch, dtype=torch.bool, device=device)
             history = None  # the last `stability_threshold` argmax canvases
             for remaining in range(steps, 0, -1):
+                if idle or done.all():  # lock-step only: a partner for another process's step
+                    calls.idle_step(cache, canvas, start, decoder_attention)
+                    if lock.any_process(False):
+                        continue
+                    break
                 active = ~done & ~sequence_done
                 captured = []
                 with calls.soft_embedding_hook(record=captured if cfg.self_conditioning == "embedding" else None):
@@ -370,20 +391,20 @@ class DiffusionGemmaSampler:
                 done = done | (stable & confident)
                 sc_logits = scaled.to(embedding_dtype)
                 canvas, argmax = new_canvas, new_argmax
-                if done.all():
+                if not lock.any_process(not done.all()):
                     break
-
-            # The canvas's output: pad after the first EOS; rows finished in an earlier canvas are all padding.
-            output = argmax.clone()
-            output[sequence_done] = pad_id
-            is_eos = torch.isin(output, eos)
-            seen = is_eos.cumsum(-1)
-            output[(seen > 0) & ~((seen == 1) & is_eos)] = pad_id
-            completion[:, c * length : (c + 1) * length] = output
-            sequence_done = sequence_done | is_eos.any(-1)
-            attention = torch.nn.functional.pad(attention, (0, length), value=True)
-            chunk = output
-            if sequence_done.all():
+            if not idle:
+                # The canvas's output: pad after the first EOS; rows finished in an earlier canvas are all padding.
+                output = argmax.clone()
+                output[sequence_done] = pad_id
+                is_eos = torch.isin(output, eos)
+                seen = is_eos.cumsum(-1)
+                output[(seen > 0) & ~((seen == 1) & is_eos)] = pad_id
+                completion[:, c * length : (c + 1) * length] = output
+                sequence_done = sequence_done | is_eos.any(-1)
+                attention = torch.nn.functional.pad(attention, (0, length), value=True)
+                chunk = output
+            if not lock.any_process(not sequence_done.all()):
                 break
 
         steps_record = DenoisingSteps(

@@ -28,7 +28,7 @@ from ..models.bidirectional import (
     eos_token_ids,
 )
 from ..models.block_attention import align_prompt, block_causal_mask, column_blocks
-from ..models.engines import logits_at, unwrap_model
+from ..models.engines import LockStep, logits_at, unwrap_model
 from ..models.routing import RoutingCapture
 from .cache import BlockCache, CanvasCache, cache_keyword
 from .config import DiffusionGenerationConfig
@@ -362,12 +362,28 @@ def diffusion_generate(
     applied only at the positions a step reads (:func:`~dllm_trl.models.engines.logits_at`). A block-diffusion model
     (``config.diffusion_block_size``) decodes its attention blocks one after another (``block_length`` is the block
     or a sub-block of it) over the exact cache of the finished ones.
+
+    Under engines whose forwards are collectives (FSDP, ZeRO-3 without gathered weights) a process whose rows are
+    decoded sooner (a sure block commits in one step, an unsure one in ``block_length``) then runs idle forwards
+    until every process is done (:class:`~dllm_trl.models.engines.LockStep`, SPEC §9); its rollout is unchanged.
     """
     cfg = generation_config or DiffusionGenerationConfig()
-    if not cfg.record_routing:
-        return _decode(model, input_ids, attention_mask, cfg, generator, step_callback, routing=None)
-    with RoutingCapture(model) as routing:
-        return _decode(model, input_ids, attention_mask, cfg, generator, step_callback, routing)
+    lock = LockStep(model)
+    with lock.matched_forwards(model, lambda: idle_forward(model, input_ids)):
+        if not cfg.record_routing:
+            return _decode(model, input_ids, attention_mask, cfg, generator, step_callback, routing=None)
+        with RoutingCapture(model) as routing:
+            return _decode(model, input_ids, attention_mask, cfg, generator, step_callback, routing)
+
+
+def idle_forward(model, input_ids: torch.Tensor) -> None:
+    """A forward of ``model`` that reaches every module a decoding step reaches (so its engine's weight gathers pair
+    with another process's step) on one token, reading no logits: the cheapest partner of a busier process's step."""
+    ids = input_ids[:1, :1]
+    mask = torch.zeros(1, 1, 1, 1, dtype=attention_mask_dtype(model), device=ids.device)
+    empty = torch.zeros(0, dtype=torch.long, device=ids.device)
+    logits_at(model, empty, empty, input_ids=ids, attention_mask=mask,
+              position_ids=torch.zeros_like(ids), use_cache=False)
 
 
 def _decode(model, input_ids, attention_mask, cfg, generator, step_callback, routing):

@@ -280,7 +280,7 @@ class DiffusionGemmaRLDFLoss(RLDFLoss):
                                                                          entropy[where[active], n]))
         return loss
 
-    def zero_loss(self, model, inputs):
+    def zero_loss(self, model, inputs, call=None):
         """A zero through the model (DDP needs a graph): the first row's first recorded state, scored."""
         batch = dict(inputs, sampled_steps=torch.zeros_like(inputs["sampled_steps"]),
                      state_canvas=inputs["state_canvas"].clamp_min(0))

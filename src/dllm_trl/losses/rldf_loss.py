@@ -512,13 +512,21 @@ class RLDFLoss:
             weights = weights / targets.sum(-1, keepdim=True).clamp(min=1)  # the 1/|Ô_t| of Eq. 10
         return (terms * targets * weights).sum()
 
-    def zero_loss(self, model, inputs):
-        """A zero that still flows through the model (DDP needs a graph) when no state has a target."""
+    def zero_loss(self, model, inputs, call: LossCall | None = None):
+        """A zero that still flows through the model (DDP needs a graph) when no state has a target; also the idle
+        partner of another process's loss chunk (SPEC §9). It reads one position through the calls a chunk makes
+        (the LM head in checkpointed chunks, the entropy, the sampler's view when ``call`` measures the mismatch),
+        so that an engine gathering each module's weights at each call (ZeRO-3) sees the same calls."""
         state = inputs["rollout_ids"][:1]
-        logps = completion_token_logps(
-            model, inputs["rollout_prompt_ids"][:1], inputs["rollout_prompt_mask"][:1], state, state
+        read = torch.zeros_like(state, dtype=torch.bool)
+        read[0, 0] = True
+        measured = call is not None and call.sampling_logps is not None
+        view = self._sampling_view_at(model, read, read, state) if measured else None
+        values = completion_token_logps(
+            model, inputs["rollout_prompt_ids"][:1], inputs["rollout_prompt_mask"][:1], state, state, read_mask=read,
+            with_entropy=True, entropy_grad=self.args.entropy_coef != 0.0, extra_view=view,
         )
-        return logps.sum() * 0.0
+        return values[0].sum() * 0.0
 
     # --------------------------------------------------------------------------------------------- metrics
     def metric_sums(self, inputs, call: LossCall) -> dict:

@@ -250,6 +250,93 @@ def shard_shared_parameter_groups(model: nn.Module, accelerator, groups: list[li
         plugin.transformer_cls_names_to_wrap = [name for name in base._no_split_modules if name in present]
 
 
+def forwards_are_collective(model: nn.Module) -> bool:
+    """Whether a forward of ``model`` is a collective of every process (SPEC §9): an FSDP-sharded model (each unit
+    all-gathers its weights), or a model under ZeRO-3's hooks (TRL's rollout with ``ds3_gather_for_generation``
+    gathers the weights and removes them). Under DDP and ZeRO-1/2 a forward is local."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return False
+    from torch.distributed.fsdp import FSDPModule
+
+    levels = [model]
+    while _is_wrapper(levels[-1]) or hasattr(levels[-1], "_orig_mod") or callable(getattr(levels[-1], "get_base_model", None)):
+        inner = getattr(levels[-1], "_orig_mod", None) or getattr(levels[-1], "module", None)
+        if inner is None:
+            inner = levels[-1].get_base_model()
+        if inner is levels[-1] or not isinstance(inner, nn.Module):
+            break
+        levels.append(inner)
+    for level in levels:
+        if isinstance(level, FSDPModule) or type(level).__name__ == "FullyShardedDataParallel":
+            return True
+        # ZeRO-3's hooks run collectives in every forward (weight gathers, and bookkeeping broadcasts even when every
+        # weight is under the persistence threshold); TRL's gathered rollout removes them.
+        if any(getattr(hook, "__module__", "").startswith("deepspeed.runtime.zero")
+               for hook in level._forward_pre_hooks.values()):
+            return True
+    return False
+
+
+class LockStep:
+    """Keeps every process's forwards of one model in step when each forward is a collective (SPEC §9), as
+    transformers' ``generate(synced_gpus=True)`` does: a process that is done asks whether any other is not, and
+    meanwhile runs idle forwards (same modules, a token of input, results dropped) so that the weight gathers of the
+    busiest process always have a partner. Off (``active`` False) under DDP, ZeRO-1/2 and a single process, where
+    nothing changes and no collective is added.
+
+    ``also``: switch it on for another reason (DeepSpeed communicates in every backward, so per-step backward needs
+    as many backward calls on every process)."""
+
+    def __init__(self, model: nn.Module, also: bool = False):
+        self.active = also or forwards_are_collective(model)
+        self.device = next(iter(model.parameters())).device if self.active else None
+        self.idle_forwards = 0  # run by this process since it was built: what being done early cost it
+
+    def any_process(self, flag: bool) -> bool:
+        """``flag`` of this process OR'ed over all processes (``flag`` itself when inactive)."""
+        if not self.active:
+            return flag
+        import torch.distributed as dist
+
+        value = torch.tensor([1 if flag else 0], device=self.device)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return bool(value.item())
+
+    def most(self, count: int) -> int:
+        """The largest ``count`` of all processes (``count`` itself when inactive)."""
+        if not self.active:
+            return count
+        import torch.distributed as dist
+
+        value = torch.tensor([count], dtype=torch.long, device=self.device)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return int(value.item())
+
+    @contextlib.contextmanager
+    def matched_forwards(self, model: nn.Module, idle_forward):
+        """Inside, before each forward of ``model`` this process tells the others it is still busy; on exit it runs
+        ``idle_forward()`` while any other process still is (one flag exchange per forward, as ``synced_gpus``), so
+        every forward of the busiest process has a partner. For no-grad passes (an idle forward there needs no
+        backward partner)."""
+        if not self.active:
+            yield
+            return
+        # First among the forward's pre-hooks: FSDP2's root all-gathers in its own, which must come after.
+        def busy(module, args):
+            self.any_process(True)  # (a pre-hook's return value would replace the forward's arguments)
+
+        handle = model.register_forward_pre_hook(busy, prepend=True)
+        try:
+            yield
+        finally:
+            handle.remove()
+        while self.any_process(False):
+            idle_forward()
+            self.idle_forwards += 1
+
+
 def is_deepspeed(accelerator) -> bool:
     return getattr(accelerator.state, "deepspeed_plugin", None) is not None
 

@@ -31,6 +31,7 @@ from ..losses.rldf import INVALID_STEP
 from ..losses.rldf_loss import RLDFLoss, zero_variance_rows
 from ..models.bidirectional import diffusion_block_size, eos_token_ids
 from ..models.engines import (
+    LockStep,
     backward_syncs_every_call,
     backward_without_step,
     check_weights_pass_gradients,
@@ -161,7 +162,9 @@ class RLDFTrainer(SafeRunMixin, GRPOTrainer):
             raise RuntimeError("No rollout to score: _generate_single_turn must run first.")
         old_pass = self._old_pass_pending
         self._old_pass_pending = False
-        logps, extra = self.loss.score_for_policy_pass(model, self._rollout, batch_size=batch_size, old_pass=old_pass)
+        with self._forwards_matched(model, self._rollout):
+            logps, extra = self.loss.score_for_policy_pass(model, self._rollout, batch_size=batch_size,
+                                                           old_pass=old_pass)
         self._rollout.update(extra)
         return logps, None, None
 
@@ -186,7 +189,8 @@ class RLDFTrainer(SafeRunMixin, GRPOTrainer):
             start = self.accelerator.process_index * rows
             self.loss.drop_rows(output, self._zero_variance_rows()[start : start + rows])
         if self.args.rollout_importance_sampling_correction:  # after the drops: no pass over rows without a state
-            self.loss.correct_rollout_mismatch(self.model, output, batch_size=self.args.per_device_train_batch_size)
+            with self._forwards_matched(self.model, output):
+                self.loss.correct_rollout_mismatch(self.model, output, batch_size=self.args.per_device_train_batch_size)
 
         # Clean targets (Alg. 3) read π_old, the policy that produced the batch. On-policy, π_old is the policy of
         # the loss forward itself, so that forward may fix them (k forwards per micro-batch); otherwise (or when the
@@ -199,12 +203,21 @@ class RLDFTrainer(SafeRunMixin, GRPOTrainer):
                 output["targets_pending"] = torch.ones(output["sampled_steps"].shape[0], dtype=torch.bool,
                                                        device=output["sampled_steps"].device)
                 return output
-            with torch.no_grad():
+            with torch.no_grad(), self._forwards_matched(self.model, output):
                 old_logps = self.loss.score_states(self.model, output, batch_size=self.args.per_device_train_batch_size)
         output["target_mask"] = self.loss.target_mask(output, old_logps, block_size)
         counted = output["target_weight"] if "target_weight" in output else output["target_mask"]
         output["num_target_tokens"] = self.accelerator.gather(counted.sum()).sum()
         return output
+
+    def _forwards_matched(self, model, batch):
+        """Around a no-grad scoring pass, whose forwards a process runs per sampled state it has (dropped rows have
+        none): every process runs as many as the busiest under engines whose forwards are collectives (SPEC §9)."""
+        def idle():
+            with torch.no_grad():
+                self.loss.zero_loss(model, batch)
+
+        return LockStep(model).matched_forwards(model, idle)
 
     def _zero_variance_rows(self) -> torch.Tensor:
         """(all processes' rows,) bool: the rows of groups whose rewards do not vary (:func:`zero_variance_rows`)."""
@@ -253,7 +266,12 @@ class RLDFTrainer(SafeRunMixin, GRPOTrainer):
         if training:
             check_weights_pass_gradients(model)
         active_steps = (inputs["sampled_steps"] != INVALID_STEP).any(0).nonzero().squeeze(1).tolist()
-        chunks = self.loss.loss_chunks(model, inputs, active_steps)
+        # A chunk of None is a zero that still flows through the model: DDP needs a graph when nothing has a target,
+        # and under engines whose forwards (or, with DeepSpeed, backward calls) are collectives, every process runs
+        # as many chunks as the busiest one (its dropped rows or fewer sampled steps give it fewer; SPEC §9).
+        chunks = self.loss.loss_chunks(model, inputs, active_steps) or [None]
+        lock = LockStep(model, also=training and self._per_step_backward and backward_syncs_every_call(self.accelerator))
+        chunks = [None] * (lock.most(len(chunks)) - len(chunks)) + chunks
         backward_each_step = training and len(chunks) > 1 and self._per_step_backward
         total = torch.zeros((), device=targets.device)
         graph = None  # what the Trainer backpropagates: the last chunk (per-step backward) or all of them
@@ -261,14 +279,15 @@ class RLDFTrainer(SafeRunMixin, GRPOTrainer):
             early = backward_each_step and n < len(chunks) - 1
             # DDP decides at forward time whether the backward synchronises: only the last step may.
             with paused_gradient_sync(self.accelerator, model) if early else contextlib.nullcontext():
-                step_loss = self.loss.chunk_loss(model, inputs, chunk, call)
+                if chunk is None:
+                    step_loss = self.loss.zero_loss(model, inputs, call)
+                else:
+                    step_loss = self.loss.chunk_loss(model, inputs, chunk, call)
                 if early:
                     backward_without_step(self.accelerator, step_loss)
             total = total + step_loss.detach()
             if not early:
                 graph = step_loss if graph is None else graph + step_loss
-        if graph is None:  # nothing to learn from: a zero that still flows through the model (DDP needs a graph)
-            graph = self.loss.zero_loss(model, inputs)
         self._pending_target_count = self._pending_target_count + call.new_target_count
         if pending_count and not training:
             count = self.accelerator.reduce(targets.sum().float().reshape(1), reduction="sum").clamp(min=1.0).squeeze()
