@@ -33,6 +33,15 @@ GOLDEN_DIR = Path(__file__).parent / "data" / "equivalence"
 LOG_KEY = "__log__"
 LOG_FIELDS = ("loss", "reward")
 
+ADAM_EPSILON = 1e-5
+"""Adam's ε in every scenario. Some elements' exact gradient is (nearly) 0 while the computed one is float rounding
+(~1e-8: in ``rldf_llada_all_masking`` every row of a group is scored at the same fully masked state, so the head rows
+of unsampled tokens get Σ_b A_b · (same term) = 0 up to rounding). With TRL's ε = 1e-8 Adam scales such a gradient to
+a move of up to lr/2, so the goldens pinned the machine's rounding (which kernels, which summation order): 6 of the 8
+scenarios failed once their nonzero gradients were perturbed by 1e-8, and ``rldf_llada_all_masking`` failed on AMD
+EPYC / AVX2 machines. With ε = 1e-5 such a gradient moves its weight by < 1e-6 while every real gradient (median
+|g| ~ 1e-2) still takes Adam's full-size step (``test_goldens_do_not_pin_rounding_noise``)."""
+
 # Small enough that every golden stays well under 200 KB in float32 (about 22k parameters).
 TINY_SHAPE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
 MODEL_SEED = 0
@@ -123,8 +132,9 @@ def build_trainer(name: str, tmp_dir, **overrides):
         "rldf": (RLDFConfig, RLDFTrainer),
         "dppo": (DPPOMaskConfig, DPPOMaskTrainer),
     }[scenario.trainer]
-    # fp32 explicitly (bf16=False): the goldens must not depend on an autocast default.
-    args = tiny_training_args(config_class, Path(tmp_dir), bf16=False, **{**scenario.overrides, **overrides})
+    # fp32 explicitly (bf16=False): the goldens must not depend on an autocast default. Adam's ε: see ADAM_EPSILON.
+    args = tiny_training_args(config_class, Path(tmp_dir), bf16=False,
+                              **{"adam_epsilon": ADAM_EPSILON, **scenario.overrides, **overrides})
     tokenizer = make_char_tokenizer()
     return trainer_class(
         model=build_model(scenario.model, tokenizer),
