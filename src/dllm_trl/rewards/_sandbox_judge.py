@@ -57,7 +57,12 @@ SAFE_IMPORTS = {
 }
 
 # names a test may mean as a module: what it reads as ``name.attr`` among these is never the program's
-STDLIB_MODULES = frozenset(getattr(sys, "stdlib_module_names", ())) | SAFE_IMPORTS
+# (the standard library, and third-party packages with their usual import names / aliases)
+THIRD_PARTY_MODULES = {
+    "np", "numpy", "pd", "pandas", "sympy", "sp", "scipy", "torch", "tf", "tensorflow", "jax", "jnp", "plt",
+    "matplotlib", "sklearn", "nx", "networkx", "mpmath", "numba", "polars", "pl", "cv2", "PIL", "requests",
+}
+STDLIB_MODULES = frozenset(getattr(sys, "stdlib_module_names", ())) | SAFE_IMPORTS | THIRD_PARTY_MODULES
 
 
 class InfraError(Exception):
@@ -174,8 +179,9 @@ def setup_fs(job):
 
 # ----------------------------------------------------------------------------- executor handle
 class Executor:
-    def __init__(self, job, chroot, workdir):
+    def __init__(self, job, chroot, workdir, kinds):
         self.job = job
+        self.kinds = kinds  # the judge's reading of the program's names (program_names)
         self.chroot = chroot
         self.workdir = workdir
         self.proc = None
@@ -245,14 +251,17 @@ class Executor:
             raise CandidateCrashed("load failed: malformed names")
         for name, hid in list(names.items())[:10000]:
             if _is_name(name) and type(hid) is int:
-                self.names[name] = RemoteObject(self, hid, name)
+                self.names[name] = RemoteObject(self, hid, name, kind=self.kinds.get(name, ("unknown",))[0])
                 self.seen.add(hid)
         for name, enc in list(values.items())[:10000]:
             if _is_name(name) and name not in self.names:
                 try:
-                    self.values[name] = decode_value(enc, resolve)  # noqa: F821
+                    value = decode_value(enc, resolve)  # noqa: F821
                 except CodecError:  # noqa: F821
                     continue
+                if isinstance(value, RemoteObject):  # an object: called, it builds unless a function
+                    value = type(value)(self, value._hid, name, kind=self.kinds.get(name, ("unknown",))[0])
+                self.values[name] = value
 
     def request(self, msg, deadline, callbacks, resolve):
         """Send one request and wait for its reply, answering the executor's callback requests
@@ -309,6 +318,8 @@ class Executor:
         def fallback(obj):
             if isinstance(obj, Record):  # noqa: F821
                 obj = obj._handle
+            if isinstance(obj, ModelClass):
+                obj = obj._remote
             if isinstance(obj, RemoteObject):
                 if obj._executor is not self:
                     raise TypeError("object of an earlier sandbox run")
@@ -332,19 +343,22 @@ def _is_name(name):
 
 class RemoteObject:
     """What the tests see in place of a candidate object (a function, a class, an instance): calls,
-    attribute reads and writes, ``len``, iteration and indexing are forwarded to the executor; the
-    replies are data. ``x in obj`` looks for ``x`` among the object's items (its iteration, received
-    as data) with the judge's own comparison, never the candidate's ``__contains__``. Equality is
-    identity of the sandboxed object (never the candidate's ``__eq__``), and truth testing is refused
-    (never the candidate's ``__bool__``)."""
+    attribute reads and writes, ``len``, iteration (item by item, on request), indexing and item
+    assignment, ``str`` / ``repr``, ``float`` / ``int``, ``with`` and ``isinstance`` are forwarded to
+    the executor; the replies are data. ``x in obj`` looks for ``x`` among the object's items with the
+    judge's own comparison, never the candidate's ``__contains__``. Equality is identity of the
+    sandboxed object (never the candidate's ``__eq__``), truth testing is refused (never the
+    candidate's ``__bool__``), and ``with obj:`` never suppresses an exception of the test."""
 
-    __slots__ = ("_executor", "_hid", "_label", "_built")
+    __slots__ = ("_executor", "_hid", "_label", "_built", "_kind")
+    _sandbox_handle = True
 
-    def __init__(self, executor, hid, label, built=False):
+    def __init__(self, executor, hid, label, built=False, kind=None):
         object.__setattr__(self, "_executor", executor)
         object.__setattr__(self, "_hid", hid)
         object.__setattr__(self, "_label", label)
         object.__setattr__(self, "_built", built)  # made by the test's call of a class of the program
+        object.__setattr__(self, "_kind", kind)  # the judge's reading of the program's name, when a name
 
     def _op(self, kind, **fields):
         return _JUDGE.remote(self, kind, fields)
@@ -369,31 +383,76 @@ class RemoteObject:
         return n
 
     def __iter__(self):
-        items = self._op("op", op="iter")
-        if type(items) is not list:
-            raise TypeError("iteration over a sandboxed object failed")
-        return iter(items)
+        return _RemoteIterator(self._op("op", op="iter"))
 
     def __getitem__(self, key):
         return self._op("op", op="getitem", arg=key)
 
+    def __setitem__(self, key, value):
+        self._op("op", op="setitem", arg=(key, value))
+
+    def __delitem__(self, key):
+        self._op("op", op="delitem", arg=key)
+
     def __contains__(self, item):
         # never the candidate's __contains__ (it could answer True to anything): membership among
         # the object's items, received as data and compared here, as ``in`` on a list does
-        return item in self.__iter__()
+        return any(x is item or x == item for x in self.__iter__())
 
     def __bool__(self):
         raise TypeError("the truth value of a sandboxed object is not taken")
 
+    def _typed(self, op, want):
+        value = self._op("op", op=op)
+        if type(value) is not want:
+            raise TypeError("%s() of a sandboxed object must give a %s" % (op, want.__name__))
+        return value
+
     def __str__(self):
-        text = self._op("op", op="str")
-        if type(text) is not str:
-            raise TypeError("str() of a sandboxed object must be a str")
-        return text
+        return self._typed("str", str)
+
+    def __repr__(self):
+        try:
+            return self._typed("repr", str)
+        except (CandidateCrashed, InfraError):
+            raise
+        except Exception:
+            return "<sandboxed %s>" % self._label
+
+    def __float__(self):
+        return self._typed("float", float)
+
+    def __int__(self):
+        return self._typed("int", int)
+
+    def __index__(self):
+        return self._typed("index", int)
+
+    def __complex__(self):
+        return self._typed("complex", complex)
+
+    def __enter__(self):
+        return self._op("op", op="enter")
+
+    def __exit__(self, *exc):
+        self._op("op", op="exit")
+        return False  # an exception of the test is never swallowed by the program
+
+    def __instancecheck__(self, obj):
+        if isinstance(obj, Record):  # noqa: F821
+            obj = obj._handle
+        if not isinstance(obj, RemoteObject):
+            return False  # a value of a trusted type is no instance of a class of the program
+        answer = obj._op("op", op="isinstance", arg=self)
+        if type(answer) is not bool:
+            raise TypeError("isinstance() of a sandboxed object must give a bool")
+        return answer
 
     def __eq__(self, other):
         if isinstance(other, Record):  # noqa: F821
             other = other._handle
+        if isinstance(other, ModelClass):
+            other = other._remote
         if not isinstance(other, RemoteObject):
             return NotImplemented
         return _same_object(self, other)
@@ -405,8 +464,46 @@ class RemoteObject:
     def __hash__(self):
         return hash((id(self._executor), self._hid))
 
-    def __repr__(self):
-        return "<sandboxed %s>" % self._label
+
+class RemoteIteratorObject(RemoteObject):
+    """A sandboxed iterator (a generator, ``map``, ``itertools.count()``...): ``next`` takes one item."""
+
+    __slots__ = ()
+
+    def __next__(self):
+        items, more = _chunk(self._op("op", op="take", arg=1))
+        if not items:
+            raise StopIteration
+        return items[0]
+
+
+def _chunk(reply):
+    if not (type(reply) is list and len(reply) == 2 and type(reply[0]) is list
+            and (reply[1] is None or isinstance(reply[1], RemoteObject))):
+        raise TypeError("iteration over a sandboxed object failed")
+    return reply
+
+
+class _RemoteIterator:
+    """The judge's iterator over a sandboxed object: items arrive in growing chunks, on demand, so
+    an endless generator can be consumed in part (``next``, ``islice``, ``zip``)."""
+
+    def __init__(self, first):
+        items, self.more = _chunk(first)
+        self.items = collections.deque(items)
+        self.size = 16
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        while not self.items:
+            if self.more is None:
+                raise StopIteration
+            self.size = min(4 * self.size, 4096)
+            items, self.more = _chunk(self.more._op("op", op="take", arg=self.size))
+            self.items.extend(items)
+        return self.items.popleft()
 
 
 def _same_object(a, b):
@@ -425,80 +522,444 @@ def _same_object(a, b):
     return True
 
 
-# classes the judge rebuilds itself when a test calls the program's import of them (their values
-# arrive as plain dicts, which ``dict(...)`` would not rebuild from the same arguments)
-_TRUSTED_CLASSES = {
-    "collections.Counter": collections.Counter,
-    "collections.defaultdict": collections.defaultdict,
-    "collections.OrderedDict": collections.OrderedDict,
-}
+# ----------------------------------------------------------------------------- the program, read from its AST
+# What the judge knows about a name of the program comes from the program's source, read here,
+# never from the executor (the candidate's process, which can rewrite anything in itself).
+# ``program_names`` classifies every module-level name:
+#   "function"  every binding is a ``def`` (decorated at most by functools' caches) or a lambda:
+#               what a call returns is the program's answer;
+#   "model"     bound once, by a class statement (or ``namedtuple(...)``) whose value semantics the
+#               judge reproduces itself (:class:`ClassModel`): a call by the test builds the value
+#               here, from the test's own arguments; the program never sees the call;
+#   "stdlib"    bound once, by ``from <allow-listed stdlib module> import name``: the real object;
+#   "module"    ``import x`` / ``import x as y``: never the program's for the test;
+#   anything else (another class, a name bound twice or by other means, a name the source does not
+#   bind at all, e.g. ``globals()[...] = ...``): a call by the test *builds an object*: the test gets
+#   the sandboxed object as a handle, equal only to itself (never the program's answer before the
+#   test hands it over, see :func:`_same_object`).
+
+FUNCTION_DECORATORS = {"lru_cache", "cache", "functools.lru_cache", "functools.cache"}
+DATACLASS_DECORATORS = {"dataclass", "dataclasses.dataclass"}
+NAMEDTUPLE_FACTORIES = {"namedtuple", "collections.namedtuple"}
+NAMEDTUPLE_BASES = {"NamedTuple", "typing.NamedTuple"}
+BUILTIN_BASES = {"int": int, "float": float, "complex": complex, "str": str, "bytes": bytes, "tuple": tuple,
+                 "list": list, "dict": dict, "set": set, "frozenset": frozenset}
+# dunders a modelled class may not define: they change how it is built, compared or hashed
+VALUE_DUNDERS = {"__init__", "__new__", "__post_init__", "__setattr__", "__delattr__", "__getattribute__",
+                 "__getattr__", "__eq__", "__ne__", "__hash__", "__lt__", "__le__", "__gt__", "__ge__",
+                 "__init_subclass__", "__class_getitem__", "__set_name__", "__reduce__", "__getnewargs__",
+                 "__iter__", "__len__", "__getitem__", "__contains__", "__bool__", "__index__", "__int__",
+                 "__float__", "__complex__", "__str__", "__repr__", "__format__"}
+DATACLASS_OPTIONS = {"init": True, "repr": None, "eq": True, "order": None, "unsafe_hash": None, "frozen": None,
+                     "match_args": None, "kw_only": None, "slots": None, "weakref_slot": None}
+DEFAULT_FACTORIES = {"list": list, "dict": dict, "set": set, "tuple": tuple, "str": str, "int": int,
+                     "float": float, "frozenset": frozenset}
+_MISSING = object()
 
 
-def _constructed(ex, value, made, args, kwargs, known):
-    """The value of the test's call ``C(*args, **kwargs)`` of a class of the program. A value that
-    travels as data is kept only when it is an instance of the class called and holds the test's
-    own arguments: a dataclass record or a
-    namedtuple whose fields given by the call equal the arguments given for them; another value (an
-    ``int`` / ``list`` / ``dict`` subclass, ``Fraction``, a date) when the judge's own constructor
-    of its type gives an equal value from the same arguments. Otherwise (a constructor that
-    discards or rewrites its arguments) it is the sandboxed object itself, a handle: usable through
-    calls, attributes, iteration, but equal only as :func:`_same_object` says."""
-    hid = made["obj"]
-    if known:
-        ex.shared.add(hid)
-    if isinstance(value, RemoteObject):
-        return RemoteObject(ex, value._hid, value._label, built=True) if value._hid == hid else value
-    if type(value) is type(iter([])):
-        return value  # an iterator, exhausted in the sandbox: equal only to itself anyway
-    try:
-        # a value of another type than the class called (a __new__ returning a range, a bool, None,
-        # another class's record) could pick a constructor that loses its arguments: an object
-        faithful = made.get("own") is True and _holds_arguments(value, made, args, kwargs)
-    except Exception:
-        faithful = False
-    if not faithful:
-        return RemoteObject(ex, hid, str(made.get("name", "object"))[:100], built=True)
-    if isinstance(value, Record) and isinstance(value._handle, RemoteObject):  # noqa: F821
-        handle = value._handle
-        object.__setattr__(value, "_handle", RemoteObject(ex, handle._hid, handle._label, built=True))
-    return value
+def _dotted(node):
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = _dotted(node.value)
+        return base + "." + node.attr if base else None
+    return None
 
 
-def _holds_arguments(value, made, args, kwargs):
-    if isinstance(value, Record):  # noqa: F821
-        return _bound_fields_equal(value._fields, value._values, made.get("init"), args, kwargs)
-    if isinstance(value, tuple) and _is_namedtuple(value):  # noqa: F821
-        fields = tuple(type(value)._fields)
-        return _bound_fields_equal(fields, tuple.__iter__(value), list(fields), args, kwargs)
-    cls = _TRUSTED_CLASSES.get(made.get("name"))
-    if cls is None:
-        cls = type(value)  # a type the decoder made: a trusted builtin / stdlib value type
-        if cls in (bool, type(None)):
-            return False  # no class makes these; bool(x) is True for every truthy argument
-        rebuilt = cls(*args, **kwargs)
-        return type(rebuilt) is cls and (rebuilt is value or rebuilt == value)
-    return cls(*args, **kwargs) == value
+class ClassModel:
+    """A class of the program whose calls the judge evaluates itself: a dataclass with its generated
+    ``__init__`` (no ``__post_init__``, no own ``__new__`` / ``__eq__`` / ``__setattr__``, no base
+    class, literal defaults or builtin ``default_factory``), a ``namedtuple`` / ``NamedTuple`` with
+    literal fields and defaults, or a subclass of a builtin value type without its own constructor
+    or comparison. ``build(args, kwargs)`` gives the value as the class would make it: a record, a
+    namedtuple, or the builtin value."""
+
+    def __init__(self, name, kind):
+        self.name, self.kind = name, kind
+        self.params = []  # (name, default thunk or _MISSING, keyword-only) in __init__ order
+        self.fields = ()  # every field, in order (dataclass / namedtuple)
+        self.extra = {}  # dataclass fields not in __init__: name -> default thunk
+        self.compare_index = ()
+        self.order = False
+        self.own_text = False  # the class defines __str__ / __repr__ (asked of the program's instance)
+        self.base = None
+
+    def build(self, args, kwargs):
+        if self.kind == "builtin":
+            return self.base(*args, **kwargs)
+        values = self._bind(args, kwargs)
+        if self.kind == "namedtuple":
+            return _namedtuple_class(self.name, self.fields)(*[values[f] for f in self.fields])  # noqa: F821
+        for name, thunk in self.extra.items():
+            values[name] = thunk()
+        return Record(self.name, self.fields, [values[f] for f in self.fields])  # noqa: F821
+
+    def _bind(self, args, kwargs):
+        positional = [p for p in self.params if not p[2]]
+        if len(args) > len(positional):
+            raise TypeError("%s() takes %d positional arguments but %d were given" % (self.name, len(positional), len(args)))
+        values = {}
+        for (name, _, _), value in zip(positional, args):
+            values[name] = value
+        known = {p[0] for p in self.params}
+        for key, value in kwargs.items():
+            if key not in known:
+                raise TypeError("%s() got an unexpected keyword argument %r" % (self.name, key))
+            if key in values:
+                raise TypeError("%s() got multiple values for argument %r" % (self.name, key))
+            values[key] = value
+        for name, thunk, _ in self.params:
+            if name not in values:
+                if thunk is _MISSING:
+                    raise TypeError("%s() missing required argument: %r" % (self.name, name))
+                values[name] = thunk()
+        return values
 
 
-def _bound_fields_equal(fields, values, params, args, kwargs):
-    """Whether the call's arguments, bound to the constructor's field parameters ``params`` (from
-    the sandbox: only trusted as far as this check goes), each land in a field that holds them."""
-    fields, values = tuple(fields), tuple(values)
-    params = params if isinstance(params, list) else []
-    if len(args) > len(params):
-        return False
-    bound = list(zip(params, args))
-    for key, v in kwargs.items():
-        if key not in params or any(name == key for name, _ in bound):
-            return False
-        bound.append((key, v))
-    for name, v in bound:
-        if not isinstance(name, str) or name not in fields:
-            return False  # an argument that lands in no field (an InitVar, a made-up parameter)
-        held = values[fields.index(name)]
-        if not (held is v or held == v):
+def _literal_thunk(node):
+    """A default value written as a literal: a function giving a fresh copy each time."""
+    value = ast.literal_eval(node)
+    return lambda: ast.literal_eval(node) if isinstance(value, (list, dict, set)) else value
+
+
+def _field_spec(value):
+    """``x: int = <value>`` in a dataclass -> (default thunk or _MISSING, init, compare); raises
+    ValueError where the judge cannot reproduce the field."""
+    if value is None:
+        return _MISSING, True, True
+    if isinstance(value, ast.Call) and _dotted(value.func) in ("field", "dataclasses.field"):
+        if value.args:
+            raise ValueError("positional field() arguments")
+        thunk, init, compare = _MISSING, True, True
+        for kw in value.keywords:
+            if kw.arg == "default":
+                thunk = _literal_thunk(kw.value)
+            elif kw.arg == "default_factory":
+                factory = DEFAULT_FACTORIES.get(_dotted(kw.value))
+                if factory is None:
+                    raise ValueError("default_factory")
+                thunk = factory
+            elif kw.arg in ("init", "compare", "repr", "hash", "kw_only"):
+                flag = ast.literal_eval(kw.value)
+                if kw.arg == "init":
+                    init = flag is True
+                elif kw.arg == "compare":
+                    compare = flag is True
+                elif kw.arg == "kw_only" and flag is True:
+                    raise ValueError("kw_only field")
+            elif kw.arg != "metadata":
+                raise ValueError("field option")
+        return thunk, init, compare
+    return _literal_thunk(value), True, True
+
+
+def _class_body_ok(node, allowed_dunders=()):
+    """Only annotations, plain methods, docstrings, ``pass`` and simple class attributes."""
+    for stmt in node.body:
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if stmt.name in VALUE_DUNDERS and stmt.name not in allowed_dunders:
+                return False
+        elif isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant):
+            continue
+        elif isinstance(stmt, (ast.Pass, ast.AnnAssign)):
+            continue
+        elif isinstance(stmt, ast.Assign) and all(isinstance(t, ast.Name) and not t.id.startswith("__") for t in stmt.targets):
+            continue
+        else:
             return False
     return True
+
+
+def _own_text(node):
+    return any(isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)) and s.name in ("__str__", "__repr__", "__format__")
+               for s in node.body)
+
+
+def _dataclass_model(node):
+    if len(node.decorator_list) != 1 or node.keywords or any(_dotted(b) != "object" for b in node.bases):
+        return None
+    deco = node.decorator_list[0]
+    options = {}
+    if isinstance(deco, ast.Call):
+        if _dotted(deco.func) not in DATACLASS_DECORATORS or deco.args:
+            return None
+        for kw in deco.keywords:
+            if kw.arg not in DATACLASS_OPTIONS:
+                return None
+            options[kw.arg] = ast.literal_eval(kw.value)
+    elif _dotted(deco) not in DATACLASS_DECORATORS:
+        return None
+    own_init = options.get("init", True) is False
+    if options.get("eq", True) is not True or options.get("kw_only"):
+        return None
+    text = {"__str__", "__repr__", "__format__"}
+    if not _class_body_ok(node, allowed_dunders=text | {"__init__"} if own_init else text):
+        return None
+    model = ClassModel(node.name, "dataclass")
+    model.order = options.get("order") is True
+    model.own_text = _own_text(node)
+    fields, compare = [], []
+    for stmt in node.body:
+        if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
+            continue
+        ann = ast.unparse(stmt.annotation)
+        if "ClassVar" in ann:
+            continue
+        if "InitVar" in ann or "KW_ONLY" in ann:
+            return None
+        thunk, init, cmp = _field_spec(stmt.value)
+        name = stmt.target.id
+        fields.append(name)
+        if cmp:
+            compare.append(len(fields) - 1)
+        if own_init:
+            continue
+        if init:
+            if thunk is _MISSING and any(p[1] is not _MISSING for p in model.params):
+                return None  # CPython refuses the class (non-default after default)
+            model.params.append((name, thunk, False))
+        elif thunk is _MISSING:
+            return None  # set later by the program's own code
+        else:
+            model.extra[name] = thunk
+    if not compare:
+        return None  # every instance equal to every other: not a value the judge keeps
+    if own_init:
+        params = _assigning_init(node)
+        if params is None or sorted(p[0] for p in params) != sorted(fields):
+            return None
+        model.params, model.extra = params, {}
+    model.fields, model.compare_index = tuple(fields), tuple(compare)
+    return model
+
+
+def _assigning_init(node):
+    """The parameters of an ``__init__`` whose body only stores each parameter, unchanged, in the
+    field of the same name (``self.x = x``), else None."""
+    inits = [s for s in node.body if isinstance(s, ast.FunctionDef) and s.name == "__init__"]
+    if len(inits) != 1:
+        return None
+    fn, spec = inits[0], inits[0].args
+    if fn.decorator_list or spec.vararg or spec.kwarg or spec.posonlyargs or spec.kwonlyargs or not spec.args:
+        return None
+    me, names = spec.args[0].arg, [a.arg for a in spec.args[1:]]
+    defaults = [None] * (len(names) - len(spec.defaults)) + list(spec.defaults)
+    stored = set()
+    for stmt in fn.body:
+        if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant):
+            continue
+        if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Attribute)
+                and isinstance(stmt.targets[0].value, ast.Name) and stmt.targets[0].value.id == me
+                and isinstance(stmt.value, ast.Name) and stmt.value.id == stmt.targets[0].attr
+                and stmt.value.id in names and stmt.value.id not in stored):
+            return None
+        stored.add(stmt.value.id)
+    if stored != set(names):
+        return None
+    return [(n, _MISSING if d is None else _literal_thunk(d), False) for n, d in zip(names, defaults)]
+
+
+def _namedtuple_class_model(node):
+    if node.decorator_list or node.keywords or len(node.bases) != 1 or _dotted(node.bases[0]) not in NAMEDTUPLE_BASES:
+        return None
+    if not _class_body_ok(node):
+        return None
+    model = ClassModel(node.name, "namedtuple")
+    for stmt in node.body:
+        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+            thunk = _MISSING if stmt.value is None else _literal_thunk(stmt.value)
+            model.params.append((stmt.target.id, thunk, False))
+    model.fields = tuple(p[0] for p in model.params)
+    return model if model.fields else None
+
+
+def _namedtuple_call_model(name, call):
+    if call.args[:1] and not (isinstance(call.args[0], ast.Constant) and call.args[0].value == name):
+        return None
+    if len(call.args) != 2:
+        return None
+    spec = ast.literal_eval(call.args[1])
+    fields = spec.replace(",", " ").split() if isinstance(spec, str) else list(spec)
+    defaults = []
+    for kw in call.keywords:
+        if kw.arg != "defaults":
+            return None
+        defaults = list(ast.literal_eval(kw.value))
+    if not fields or not all(isinstance(f, str) and f.isidentifier() and not f.startswith("_") for f in fields):
+        return None
+    model = ClassModel(name, "namedtuple")
+    first_default = len(fields) - len(defaults)
+    for i, f in enumerate(fields):
+        thunk = _MISSING if i < first_default else (lambda v=defaults[i - first_default]: v)
+        model.params.append((f, thunk, False))
+    model.fields = tuple(fields)
+    return model
+
+
+def _builtin_subclass_model(node):
+    if node.decorator_list or node.keywords or len(node.bases) != 1 or _dotted(node.bases[0]) not in BUILTIN_BASES:
+        return None
+    if not _class_body_ok(node) or any(isinstance(s, ast.AnnAssign) for s in node.body):
+        return None
+    model = ClassModel(node.name, "builtin")
+    model.base = BUILTIN_BASES[_dotted(node.bases[0])]
+    return model
+
+
+def _class_model(node):
+    try:
+        return _dataclass_model(node) or _namedtuple_class_model(node) or _builtin_subclass_model(node)
+    except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
+        return None
+
+
+def program_names(program):
+    """Module-level names of the program -> (kind, detail): see the comment above."""
+    tree = ast.parse(program)
+    found = {}
+
+    def add(name, kind, detail=None):
+        found.setdefault(name, []).append((kind, detail))
+
+    def value_kind(name, value):
+        if isinstance(value, ast.Lambda):
+            return "function", None
+        if isinstance(value, ast.Call) and _dotted(value.func) in NAMEDTUPLE_FACTORIES:
+            try:
+                model = _namedtuple_call_model(name, value)
+            except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
+                model = None
+            return ("model", model) if model is not None else ("other", None)
+        return "other", None
+
+    def bind(target, value):
+        if isinstance(target, ast.Name):
+            add(target.id, *value_kind(target.id, value))
+        elif isinstance(target, (ast.Tuple, ast.List)) and isinstance(value, (ast.Tuple, ast.List)) \
+                and len(target.elts) == len(value.elts):
+            for t, v in zip(target.elts, value.elts):
+                bind(t, v)
+        else:
+            for n in ast.walk(target):
+                if isinstance(n, ast.Name):
+                    add(n.id, "other")
+
+    def stores(node):
+        """Names stored by a statement outside nested functions / classes / lambdas."""
+        todo = [node]
+        while todo:
+            n = todo.pop()
+            if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load):
+                add(n.id, "other")
+            if isinstance(n, ast.NamedExpr):  # classified with every walrus below
+                todo.append(n.value)
+                continue
+            for child in ast.iter_child_nodes(n):
+                if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+                    todo.append(child)
+
+    def visit(body):
+        for stmt in body:
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                plain = all(_dotted(d.func if isinstance(d, ast.Call) else d) in FUNCTION_DECORATORS for d in stmt.decorator_list)
+                add(stmt.name, "function" if plain else "other")
+            elif isinstance(stmt, ast.ClassDef):
+                model = _class_model(stmt)
+                add(stmt.name, "model" if model is not None else "other", model)
+            elif isinstance(stmt, ast.Assign):
+                for target in stmt.targets:
+                    bind(target, stmt.value)
+                stores(stmt.value)
+            elif isinstance(stmt, ast.AnnAssign) and stmt.value is not None and isinstance(stmt.target, ast.Name):
+                bind(stmt.target, stmt.value)
+            elif isinstance(stmt, ast.Import):
+                for alias in stmt.names:
+                    add(alias.asname or alias.name.split(".")[0], "module")
+            elif isinstance(stmt, ast.ImportFrom):
+                for alias in stmt.names:
+                    if stmt.level == 0 and (stmt.module or "").split(".")[0] in SAFE_IMPORTS and alias.name != "*":
+                        add(alias.asname or alias.name, "stdlib", (stmt.module, alias.name))
+                    else:
+                        add(alias.asname or alias.name, "other")
+            elif isinstance(stmt, (ast.If, ast.Try, ast.With, ast.For, ast.While)):
+                for field in ("body", "orelse", "finalbody"):
+                    visit(getattr(stmt, field, []) or [])
+                for handler in getattr(stmt, "handlers", []) or []:
+                    visit(handler.body)
+                for part in ("target", "items", "test", "iter"):
+                    sub = getattr(stmt, part, None)
+                    for n in (sub if isinstance(sub, list) else [sub]):
+                        if n is not None:
+                            stores(n)
+            else:
+                stores(stmt)
+
+    visit(tree.body)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Global):
+            for name in node.names:
+                add(name, "other")
+        elif isinstance(node, ast.NamedExpr) and isinstance(node.target, ast.Name):
+            add(node.target.id, *value_kind(node.target.id, node.value))
+    out = {}
+    for name, bindings in found.items():
+        kinds = {k for k, _ in bindings}
+        if kinds == {"function"}:
+            out[name] = ("function", None)
+        elif kinds == {"module"}:
+            out[name] = ("module", None)
+        elif len(bindings) == 1 and kinds <= {"model", "stdlib"}:
+            out[name] = bindings[0]
+        else:
+            out[name] = ("other", None)
+    return out
+
+
+def _stdlib_object(module, name):
+    """``from module import name`` done here, with the real standard library."""
+    try:
+        return getattr(__import__(module, fromlist=[name]), name)
+    except Exception:
+        return _MISSING
+
+
+class ModelClass:
+    """What the test sees for a class of the program that the judge models: calling it builds the
+    value here, from the test's own arguments (the program never sees the call); anything else
+    (class attributes, static methods, passing the class itself) goes to the program's class."""
+
+    __slots__ = ("_remote", "_model")
+    _sandbox_handle = True
+
+    def __init__(self, remote, model):
+        object.__setattr__(self, "_remote", remote)
+        object.__setattr__(self, "_model", model)
+
+    def __call__(self, *args, **kwargs):
+        return self._model.build(args, kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._remote, name)
+
+    def __instancecheck__(self, obj):
+        model = self._model
+        if isinstance(obj, Record) and obj._name == model.name and obj._fields == model.fields:  # noqa: F821
+            return True
+        if model.kind == "namedtuple" and isinstance(obj, tuple) and type(obj).__name__ == model.name \
+                and getattr(type(obj), "_fields", None) == model.fields:
+            return True
+        return isinstance(obj, self._remote)
+
+    def __eq__(self, other):
+        if isinstance(other, ModelClass):
+            other = other._remote
+        return self._remote == other
+
+    def __hash__(self):
+        return hash(self._remote)
+
+    def __repr__(self):
+        return "<class %s of the program>" % self._model.name
 
 
 # ----------------------------------------------------------------------------- judge
@@ -544,6 +1005,7 @@ def _modules_read(code_ast):
 class Judge:
     def __init__(self, job):
         self.job = job
+        self.kinds = {}
         self.executor = None
         self.deadline = None
         self.load_failed = None
@@ -558,10 +1020,15 @@ class Judge:
         ex.released.add(obj._hid)  # the test uses the object: the program now holds it
         callbacks = {}
         msg = {"k": kind, "target": obj._hid}
+        # a call of a name of the program that the judge cannot show to be a function builds an
+        # object (the judge's reading of the program's source, never the executor's word)
+        builds = kind == "call" and obj._kind not in ("function", None)
         if kind == "call":
             args, kwargs = fields["args"], fields["kwargs"]
             msg["args"] = ex.encode(tuple(args), callbacks)
             msg["kwargs"] = ex.encode(dict(kwargs), callbacks)
+            if builds:
+                msg["as_handle"] = True
         else:
             msg["op"] = fields["op"]
             if "arg" in fields:
@@ -570,34 +1037,49 @@ class Judge:
         reply = ex.request(msg, self.deadline, callbacks, resolve)
         if reply["k"] == "exc":
             raise _candidate_exception(reply)
-        made = reply.get("cls") if kind == "call" else None  # the call was a class's: what it made
-        if made is not None and not (isinstance(made, dict) and type(made.get("obj")) in (int, type(None))):
-            ex.kill()
-            raise CandidateCrashed("bad reply: malformed construction")
-        known = made is not None and made.get("obj") in ex.seen
+        raw = reply.get("v")
+        known = isinstance(raw, dict) and isinstance(raw.get("h"), list) and len(raw["h"]) > 0 \
+            and type(raw["h"][0]) is int and raw["h"][0] in ex.seen
         try:
-            value = decode_value(reply.get("v"), resolve)  # noqa: F821
+            value = decode_value(raw, resolve)  # noqa: F821
             if kind == "call":
                 _write_back(fields["args"], fields["kwargs"], reply.get("mut"), resolve)
-            if made is not None and made.get("obj") is not None:
-                # the arguments as the program received them (the judge's own encoding, read back)
-                def sent(tag, v):
-                    return RemoteObject(ex, v, "argument") if tag == "h" and type(v) is int else resolve(tag, v)
-
-                args, kwargs = decode_value(msg["args"], sent), decode_value(msg["kwargs"], sent)  # noqa: F821
-                value = _constructed(ex, value, made, args, kwargs, known)
         except CodecError as exc:  # noqa: F821
             ex.kill()
             raise CandidateCrashed("bad reply: %s" % exc)
+        if builds:
+            if not isinstance(value, RemoteObject):
+                ex.kill()
+                raise CandidateCrashed("bad reply: a built object must come back as a handle")
+            if known:
+                ex.shared.add(value._hid)  # an object that existed already: never the test's own
+            value = type(value)(ex, value._hid, obj._label, built=True)
+        return value
+
+    def materialize(self, record):
+        """The program's own instance for a value the judge built (to call its methods): the test
+        hands the value to the program."""
+        ex = self.ensure_executor()
+        callbacks = {}
+        msg = {"k": "op", "target": 0, "op": "own", "arg": ex.encode(record, callbacks)}
+        reply = ex.request(msg, self.deadline, callbacks, self._resolve_from(ex, callbacks))
+        if reply["k"] == "exc":
+            raise _candidate_exception(reply)
+        value = decode_value(reply.get("v"), self._resolve_from(ex, callbacks))  # noqa: F821
+        if not isinstance(value, RemoteObject):
+            raise TypeError("the program could not rebuild a %s" % record._name)
         return value
 
     def _resolve_from(self, ex, callbacks):
         def resolve(tag, v):
-            if tag == "h" and isinstance(v, list) and len(v) == 2 and type(v[0]) is int:
+            if tag == "h" and isinstance(v, list) and len(v) in (2, 3) and type(v[0]) is int:
                 ex.seen.add(v[0])
-                return RemoteObject(ex, v[0], str(v[1])[:100])
+                cls = RemoteIteratorObject if len(v) == 3 else RemoteObject
+                return cls(ex, v[0], str(v[1])[:100])
             if tag == "cb" and type(v) is int and v in callbacks:
                 return callbacks[v]  # one of the test's own callables, handed back
+            if tag in ("dc", "nt"):
+                return v  # a record / namedtuple: data, as received
             raise CodecError("unknown reference")  # noqa: F821
 
         return resolve
@@ -610,7 +1092,7 @@ class Judge:
             return self.executor
         if self.executor is not None:
             self.executor.kill()
-        ex = Executor(self.job, self.chroot, self.workdir)
+        ex = Executor(self.job, self.chroot, self.workdir, self.kinds)
         t0 = time.monotonic()
         watch(self.current, t0 + self.job["boot_timeout"] + (self.deadline - t0))
 
@@ -651,6 +1133,9 @@ class Judge:
         first = int(job.get("first_test", 0))
         try:
             safe_imports = candidate_safe_imports(job["program"])
+            self.kinds = program_names(job["program"])
+            Record.MODELS = {n: d for n, (k, d) in self.kinds.items() if k == "model" and d.kind == "dataclass"}  # noqa: F821
+            Record.MATERIALIZE = self.materialize  # noqa: F821
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             n = len(job["tests"]) if job["mode"] == "asserts" else 1
             for i in range(first, n):
@@ -666,6 +1151,10 @@ class Judge:
                 for k, v in scratch_ns.items():
                     if k != "__builtins__" and k not in base:
                         base[k] = v
+            # test code given as one string runs in order in one namespace: what a statement between
+            # two asserts assigns (``result = rle('aaab')``) is seen by the asserts after it
+            sequential = bool(job.get("sequential"))
+            carry = {}
             for i, src in enumerate(job["tests"]):
                 if i < first:
                     continue
@@ -680,7 +1169,16 @@ class Judge:
                     if code is None:
                         raise TestBroken("test %d does not compile" % i)
                     ex = self.ensure_executor()
-                    exec(code, self.namespace(base, ex, used, modules))
+                    ns = self.namespace(base, ex, used, modules)
+                    if not sequential:
+                        exec(code, ns)
+                        return
+                    ns.update(carry)
+                    before = dict(ns)
+                    try:
+                        exec(code, ns)
+                    finally:
+                        carry.update((k, v) for k, v in ns.items() if k not in before or before[k] is not v)
 
                 self.run_test(i, body)
         else:
@@ -718,6 +1216,15 @@ class Judge:
         candidate.update(ex.names)
         for name in modules:
             candidate.pop(name, None)
+        for name, (kind, detail) in self.kinds.items():
+            if kind == "module":
+                candidate.pop(name, None)
+            elif kind == "model" and isinstance(candidate.get(name), RemoteObject):
+                candidate[name] = ModelClass(candidate[name], detail)
+            elif kind == "stdlib" and name in candidate:
+                real = _stdlib_object(*detail)
+                if real is not _MISSING:
+                    candidate[name] = real
         primary = [n for n in candidate if n in used and n not in base and not hasattr(builtins, n)]
         for name, value in candidate.items():
             if name in base:
@@ -779,21 +1286,29 @@ class Judge:
 
 
 def _candidate_exception(reply):
-    """An exception raised in the sandbox, re-created here: a builtin exception type by name (so
-    ``except ValueError`` in a test works), anything else as CandidateError."""
+    """An exception raised in the sandbox, re-created here as the nearest builtin exception class
+    (its own if builtin, else the first builtin base it names: ``class BadInput(ValueError)`` is
+    caught by ``except ValueError``), anything else as CandidateError. The program could raise any
+    builtin exception itself, so the names it reports grant nothing."""
     etype = str(reply.get("type", ""))
     emsg = str(reply.get("msg", ""))[:300]
-    cls = getattr(builtins, etype, None)
-    if isinstance(cls, type) and issubclass(cls, Exception) and cls.__module__ == "builtins":
-        try:
-            return cls(emsg)
-        except Exception:
-            pass
+    bases = reply.get("bases")
+    names = [etype] + ([str(b) for b in bases[:20]] if isinstance(bases, list) else [])
+    for name in names:
+        cls = getattr(builtins, name, None)
+        if isinstance(cls, type) and issubclass(cls, Exception) and cls.__module__ == "builtins" \
+                and not issubclass(cls, (StopIteration, StopAsyncIteration)):
+            try:
+                return cls(emsg if name == etype else "%s: %s" % (etype, emsg))
+            except Exception:
+                continue
     return CandidateError("%s: %s" % (etype, emsg))
 
 
 def _write_back(args, kwargs, mutations, resolve):
-    """Apply the executor's report of in-place changes to the test's own mutable arguments."""
+    """Apply the executor's report of in-place changes to the test's own arguments, in place at
+    every level (a list inside a list or a tuple, a dict's list value), so that the test's other
+    references to the inner objects see the change too."""
     if not isinstance(mutations, list):
         raise CodecError("malformed mutations")  # noqa: F821
     for item in mutations[: len(args) + len(kwargs)]:
@@ -806,14 +1321,49 @@ def _write_back(args, kwargs, mutations, resolve):
             target = kwargs[key]
         else:
             raise CodecError("malformed mutations")  # noqa: F821
-        new = decode_value(enc, resolve)  # noqa: F821
-        if type(new) is not type(target):
-            raise CodecError("mutation changed the type")  # noqa: F821
-        if type(target) in (list, bytearray):
-            target[:] = new
-        elif type(target) in (dict, set):
+        _merge(target, decode_value(enc, resolve))  # noqa: F821
+
+
+_MERGEABLE = (list, dict, set, bytearray)
+
+
+def _merge(target, new, depth=0):
+    """Make the mutable containers in ``target`` hold ``new``; immutable parts must be unchanged."""
+    if type(new) is not type(target) or depth > 100:
+        raise CodecError("mutation changed the type")  # noqa: F821
+    t = type(target)
+    if t is tuple:
+        if len(new) != len(target):
+            raise CodecError("mutation of a tuple")  # noqa: F821
+        for old, now in zip(target, new):
+            if type(old) in _MERGEABLE or type(old) is tuple:
+                _merge(old, now, depth + 1)
+            elif not (old is now or old == now):
+                raise CodecError("mutation of a tuple")  # noqa: F821
+    elif t is list:
+        for i in range(min(len(target), len(new))):
+            if type(target[i]) in (list, dict) and type(new[i]) is type(target[i]):
+                _merge(target[i], new[i], depth + 1)
+            else:
+                target[i] = new[i]
+        del target[len(new):]
+        target.extend(new[len(target):])
+    elif t is dict:
+        for k in [k for k in target if k not in new]:
+            del target[k]
+        for k, v in new.items():
+            if k in target and type(target[k]) in (list, dict) and type(v) is type(target[k]):
+                _merge(target[k], v, depth + 1)
+            else:
+                target[k] = v
+    elif t in (set, bytearray):
+        if t is set:
             target.clear()
             target.update(new)
+        else:
+            target[:] = new
+    else:
+        raise CodecError("mutation of an immutable value")  # noqa: F821
 
 
 _JUDGE = None

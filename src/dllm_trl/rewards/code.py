@@ -386,11 +386,12 @@ def run_code_tests(
         setup_parts.extend(str(x) for x in test_imports)
     if test_setup_code:
         setup_parts.append(str(test_setup_code))
+    sequential = False
     if entry_point and test:
         mode, test_list, n = "check", [], 1
     else:
         mode = "asserts"
-        test_list, extra_setup = _split_tests(tests)
+        test_list, extra_setup, sequential = _split_tests(tests)
         if extra_setup:
             setup_parts.append(extra_setup)
         n = len(test_list)
@@ -406,6 +407,7 @@ def run_code_tests(
         "program": program,
         "mode": mode,
         "tests": test_list,
+        "sequential": sequential,
         "check": test or "",
         "entry_point": entry_point or "",
         "setup": "\n".join(setup_parts),
@@ -530,25 +532,46 @@ def _run_judge(job: dict, n: int, results: dict[int, dict], hard_deadline: float
         kill_process_group(proc, wait=5)
 
 
-def _split_tests(tests: Sequence[str] | str | None) -> tuple[list[str], str]:
-    """``tests`` → (list of test statements, shared setup source)."""
+def _split_tests(tests: Sequence[str] | str | None) -> tuple[list[str], str, bool]:
+    """``tests`` → (list of test sources, shared setup source, whether the tests run in order in one
+    namespace). A string of test code: each top-level ``assert`` is a test; the statements before the
+    first one that calls something (imports, definitions, constants) are trusted setup; from that one
+    on (``result = rle('aaab')``) every other statement runs with the next assert, in order, where
+    the program's names exist."""
     if tests is None:
-        return [], ""
+        return [], "", False
     if isinstance(tests, str):
         import ast
 
         try:
             tree = ast.parse(tests)
         except SyntaxError:
-            return [tests], ""
-        asserts, setup = [], []
+            return [tests], "", False
+        asserts, setup, pending = [], [], []
         for node in tree.body:
             src = ast.get_source_segment(tests, node) or ast.unparse(node)
-            (asserts if isinstance(node, ast.Assert) else setup).append(src)
+            if isinstance(node, ast.Assert):
+                asserts.append("\n".join(pending + [src]))
+                pending = []
+            elif pending or asserts or _runs_code(node):
+                pending.append(src)
+            else:
+                setup.append(src)
         if not asserts:
-            return [tests], ""
-        return asserts, "\n".join(setup)
-    return [str(t) for t in tests], ""
+            return [tests], "", False
+        if pending:
+            asserts[-1] += "\n" + "\n".join(pending)
+        return asserts, "\n".join(setup), True
+    return [str(t) for t in tests], "", False
+
+
+def _runs_code(node: Any) -> bool:
+    """A statement of test code that calls something when run (definitions and imports do not)."""
+    import ast
+
+    if isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return False
+    return any(isinstance(n, ast.Call) for n in ast.walk(node))
 
 
 # =============================================================================== capabilities
