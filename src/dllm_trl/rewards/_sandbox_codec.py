@@ -6,18 +6,20 @@ executor programs that :mod:`dllm_trl.rewards.code` runs with ``python -I -S -c`
 Values cross the process boundary as tagged JSON, and the *decoder* (which, in the trusted judge,
 reads what the untrusted executor sent) only ever builds objects of trusted types: ``None``,
 ``bool``, ``int``, ``float``, ``complex``, ``str``, ``bytes``, ``bytearray``, ``list``, ``tuple``,
-``set``, ``frozenset``, ``dict``, ``range``, ``collections.deque``, ``list_iterator`` (generators,
-``map``, ``itertools`` objects and other iterators are exhausted by the sender), dict views,
+``set``, ``frozenset``, ``dict``, ``range``, ``slice``, ``collections.deque`` / ``Counter`` /
+``OrderedDict`` / ``defaultdict`` (builtin factory), ``list_iterator`` (iterators are exhausted by
+the sender, unless it sends them as references with ``lazy=True``), dict views,
 ``Fraction``, ``Decimal``, ``datetime.date`` / ``datetime`` / ``time`` / ``timedelta``, namedtuples
 (a namedtuple class the decoder makes itself from the field names, so equality is tuple equality)
 and :class:`Record` (a dataclass instance as its class name and field values; equality compares
-those, never the candidate's ``__eq__``). Subclasses of builtin types travel as their builtin base.
+those, never the candidate's ``__eq__``; the judge's models of the program's classes, when set in
+``Record.MODELS``, say which fields compare and whether they order). Subclasses of builtin types
+travel as their builtin base. A decoded record / namedtuple is handed to ``resolve("dc" / "nt", value)``
+(the executor rebuilds the program's instance from it).
 
 Anything else is handed to the sender's ``fallback`` hook (the executor turns other objects into
 *handles*, the judge turns callables into *callbacks*); the receiver's ``resolve`` hook maps the
-tags ``h`` / ``cb`` back. Without hooks such values raise ``TypeError`` / ``CodecError``. The
-sender's ``intercept`` hook, when given, sees every value first and may send it as a reference
-instead (the executor sends an object the test built and has not handed over as its handle).
+tags ``h`` / ``cb`` back. Without hooks such values raise ``TypeError`` / ``CodecError``.
 
 Framing: 4-byte big-endian length, then UTF-8 JSON. Messages larger than the receiver's limit are
 a protocol error.
@@ -187,22 +189,17 @@ def _is_iterator(obj):
     return hasattr(t, "__next__") and hasattr(t, "__iter__")
 
 
-def encode_value(obj, fallback=None, _depth=0, intercept=None, lazy=False):
+def encode_value(obj, fallback=None, _depth=0, lazy=False):
     """Value -> JSON-compatible tagged structure. ``fallback(obj)`` (optional) encodes values of
-    other types, returning a tagged dict; without it they raise ``TypeError``. ``intercept(obj)``
-    (optional) is asked first, at every level: a tagged dict it returns is sent instead of the value.
-    ``lazy``: iterators go to ``fallback`` (a handle) instead of being exhausted."""
+    other types, returning a tagged dict; without it they raise ``TypeError``. ``lazy``: iterators
+    go to ``fallback`` (a handle) instead of being exhausted."""
     if _depth > MAX_DEPTH:
         raise ValueError("value nested too deeply")
     d = _depth + 1
 
     def enc(x):
-        return encode_value(x, fallback, d, intercept, lazy)
+        return encode_value(x, fallback, d, lazy)
 
-    if intercept is not None:
-        ref = intercept(obj)
-        if ref is not None:
-            return ref
     t = type(obj)
     if obj is None or obj is True or obj is False:
         return obj

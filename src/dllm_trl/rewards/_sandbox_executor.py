@@ -22,14 +22,13 @@ and before any candidate code runs it:
 8. clears the environment; reports what was enforced ("boot" message, sent before any candidate
    code runs, hence authentic), then executes the candidate program, reports its globals
    ("loaded": callables and other objects as handle numbers, data as values) and serves requests:
-   calls and operations (attribute, ``len``, iteration, indexing, ``str``) on handles,
-   answering each with data, new handles, and the new state of mutated arguments; a callable the
-   judge passed becomes a stub that asks the judge to run it (nested requests are served
-   meanwhile). The reply to a call of a *class* also names the object it made (a handle) and, for
-   a dataclass instance, the constructor's field parameters, so that the judge can check the value
-   against the test's own arguments; such an object, until the test hands it to the program, is
-   sent back as that handle wherever it appears in a reply (a class that returns one shared
-   instance cannot answer with the object the test just built).
+   calls and operations (attribute, ``len``, iteration in chunks, indexing, item assignment,
+   ``str`` / ``repr``, ``float`` / ``int``, ``with``, ``isinstance``) on handles, answering each with
+   data, new handles, and the new state of mutated arguments; a callable the judge passed becomes a
+   stub that asks the judge to run it (nested requests are served meanwhile). Iterators stay here
+   (a module-level ``itertools.count()`` is not consumed at load). A call the judge counts as
+   building an object is answered with the object's handle. Records / namedtuples the judge built
+   from its model of a class of the program are rebuilt here as instances of that class.
 
 After step 8 nothing this process sends is trusted: the judge treats every reply as data.
 """

@@ -13,16 +13,21 @@ The candidate program never runs here. It runs in a separate *executor* process 
 the candidate's objects only as :class:`RemoteObject` proxies: calling one ships the arguments to
 the executor, which calls the real function and ships the result back as data (see
 ``_sandbox_codec.py``); objects that are not data stay in the executor and come back as proxies
-again; callables the test passes in (``key=len``, a lambda) are called back here; in-place changes
-to the test's list / dict / set arguments are written back. Assertions and comparisons are
-evaluated here on values of trusted types; ``x in obj`` on a proxy is membership among its items.
-A value the test builds by calling a class of the candidate is kept as data only when it holds
-the test's own arguments (:func:`_constructed`); names the test reads as modules are never the
-candidate's (:meth:`Judge.namespace`). Consequently the candidate cannot patch the test machinery
-or builtins used by the tests, cannot see expected values (they never leave this process, except
-as arguments of the test's own calls of the candidate's code), cannot forge a pass by exiting /
-printing / writing to the channel (requests carry unpredictable ids), and ``__eq__`` /
-``__contains__`` / ``__bool__`` tricks never run here.
+again (iterators too, consumed on request); callables the test passes in (``key=len``, a lambda)
+are called back here; in-place changes to the test's arguments are written back. Assertions and
+comparisons are evaluated here on values of trusted types; ``x in obj`` on a proxy is membership
+among its items.
+
+What the judge knows about the program comes from the program's source (:func:`program_names`,
+read here) and from its own records, never from the executor, which the candidate controls
+entirely: a call of a class the judge models (:class:`ClassModel`) is evaluated here from the
+test's arguments; a call of any other class, or of a name the source does not show to be a
+function, gives the sandboxed object as a handle that the judge holds back (:func:`_same_object`);
+names the test reads as modules are never the candidate's (:meth:`Judge.namespace`). Consequently
+the candidate cannot patch the test machinery or builtins used by the tests, cannot see expected
+values (they never leave this process, except as arguments of the test's own calls of the
+candidate's code), cannot forge a pass by exiting / printing / writing to the channel (requests
+carry unpredictable ids), and ``__eq__`` / ``__contains__`` / ``__bool__`` tricks never run here.
 
 When running as root the judge also creates a mount + network + IPC namespace, mounts a size-capped
 tmpfs on the scratch folder and builds a minimal root there (read-only bind mounts of the Python
@@ -1299,7 +1304,7 @@ def _candidate_exception(reply):
         if isinstance(cls, type) and issubclass(cls, Exception) and cls.__module__ == "builtins" \
                 and not issubclass(cls, (StopIteration, StopAsyncIteration)):
             try:
-                return cls(emsg if name == etype else "%s: %s" % (etype, emsg))
+                return cls(emsg)
             except Exception:
                 continue
     return CandidateError("%s: %s" % (etype, emsg))

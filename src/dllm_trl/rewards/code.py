@@ -16,12 +16,18 @@ Architecture (three processes per completion)
 * **executor** (untrusted, ``_sandbox_executor.py``): runs the *candidate program*, in the sandbox.
   The tests see the candidate's objects as proxies: arguments and results cross the process
   boundary as data (tagged JSON, ``_sandbox_codec.py``: builtin values, ``Fraction``, ``Decimal``,
-  dates, namedtuples, dataclass records, exhausted iterators); other objects (instances, classes,
-  closures) stay in the executor and are used through handles (calls, attributes, ``len``,
-  iteration, indexing, ``str``; ``x in obj`` is ``x`` among the object's items, compared in the
-  judge); callables the tests pass in are called back in the judge; in-place changes to list /
-  dict / set / bytearray arguments are written back. Every assertion / comparison is evaluated in
+  dates, ``Counter``, slices, namedtuples, dataclass records); other objects (instances, classes,
+  closures, iterators) stay in the executor and are used through handles (calls, attributes,
+  ``len``, iteration item by item, indexing and item assignment, ``str`` / ``repr``, ``float`` /
+  ``int``, ``with``, ``isinstance``; ``x in obj`` is ``x`` among the object's items, compared in the
+  judge); callables the tests pass in are called back in the judge; in-place changes to the tests'
+  arguments are written back, nested ones included. Every assertion / comparison is evaluated in
   the judge on values of trusted types.
+* **trust boundary**: what the judge knows about the program (is a name a function, a class it
+  models, a stdlib import; what a test's call of a class gives) comes from the program's AST, read
+  in the judge, and from the judge's own records of its requests; the executor's replies are only
+  the program's answers to the test's requests, never facts the judge's rules rely on (see
+  ``docs/rewards.md``, "Where the judge's knowledge comes from").
 
 Guarantees when the trainer runs as **root** on Linux with namespaces available (checked by
 ``tests/test_rewards_code.py``; :func:`sandbox_capabilities` reports what holds at run time):
@@ -77,16 +83,19 @@ candidate (this mode is not exercised by the tests).
 
 Semantics and limitations (each tested in ``tests/code_program_table.py``, listed in
 ``docs/rewards.md``): equality of a candidate object that is not data is identity (a class with its
-own ``__eq__`` compared with a fresh instance fails; dataclasses compare by their fields); a value
-the test builds by calling a class of the program is a value only when it holds the test's own
-arguments (else it is the sandboxed object, equal only to itself: a constructor that discards its
-arguments cannot make all instances equal), and such an object is not the program's answer before
-the test hands it over (a shared instance cannot be returned as the answer); ``x in obj`` is
-membership among the object's items (never its ``__contains__``);
-truth-testing such an object raises, operators (``+``, ``<``) on it are not forwarded; methods of
-namedtuple subclasses are lost; objects the *tests* build from their own classes cannot be passed
-in; the candidate cannot use threads or subprocesses; stdout/stdin are /dev/null; the candidate
-module runs as ``__candidate__`` (its ``if __name__ == "__main__":`` block does not run).
+own ``__eq__`` compared with a fresh instance fails; dataclasses compare by their fields); a test's
+call of a class of the program that the judge models from the source (a plain dataclass, a
+namedtuple, a builtin subclass without its own constructor) is evaluated in the judge from the
+test's arguments, and the program never sees it; a call of any other class, or of a name the
+source does not show to be a function, gives the program's object as a handle, equal only to itself
+and never the program's answer before the test hands it over (a discarding constructor, a shared
+instance or a registry cannot make the program's answer equal to it); ``x in obj`` is membership
+among the object's items (never its ``__contains__``); truth-testing such an object raises,
+operators (``+``, ``<``) on it are not forwarded, ``with obj:`` never suppresses the test's
+exception; subclasses of builtins arrive as their base; objects the *tests* build from their own
+classes cannot be passed in; the candidate cannot use threads or subprocesses; stdout/stdin are
+/dev/null; the candidate module runs as ``__candidate__`` (its ``if __name__ == "__main__":`` block
+does not run).
 """
 
 from __future__ import annotations
