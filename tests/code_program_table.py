@@ -430,6 +430,8 @@ HOSTILE_31 = [
      "def total(xs):\n    return Cents(0)", ["assert total([1, 2]) == Cents(3)", "expected = Cents(3)\nassert total([1, 2]) == expected"]),
     ("patch_registry_returns_test_object", _PATCH_MAIN + "class Point:\n    made = []\n    def __init__(self, *args):\n        Point.made.append(self)\n"
      "def mid(a, b):\n    return Point.made[-1]", ["expected = Point(1, 2)\nassert mid(0, 4) == expected"]),
+    ("singleton_answer_used_before_compare", _SINGLETON.replace("def mid", "Point.__repr__ = lambda self: 'P'\ndef mid"),
+     ["expected = Point(1, 2)\nr = mid(0, 4)\nassert repr(r) == 'P'\nassert r == expected"]),
     ("patch_plain_types", "import __main__ as m\nm._PLAIN = (object,)\nm._REAL_SUBCLASS = lambda a, b: False\n" + _SINGLETON, _MID_TESTS),
     ("record_learns_expected_arguments", "from dataclasses import dataclass\n_seen = []\n@dataclass\nclass Point:\n    x: int = 0\n    y: int = 0\n"
      "    def __post_init__(self):\n        _seen.append((self.x, self.y))\ndef mid(a, b):\n    return Point(*_seen[-1])",

@@ -194,8 +194,9 @@ class Executor:
         self.load_error = None
         self.names = {}
         self.values = {}
-        # handles of sandboxed objects: received by the judge; handed by the test to the program
-        # (as an argument, or by using the object); returned again by a class call (a shared instance)
+        # handles of sandboxed objects: received by the judge; built by the test and handed to the
+        # program through the test's own reference (as an argument, or by using it: never through a
+        # handle the program returned for it); returned by a class call while known (a shared instance)
         self.seen = set()
         self.released = set()
         self.shared = set()
@@ -328,7 +329,8 @@ class Executor:
             if isinstance(obj, RemoteObject):
                 if obj._executor is not self:
                     raise TypeError("object of an earlier sandbox run")
-                self.released.add(obj._hid)
+                if obj._built:  # the test hands the object it built to the program
+                    self.released.add(obj._hid)
                 return {"h": obj._hid}
             if callable(obj):
                 fid = len(callbacks) + 1
@@ -1022,7 +1024,8 @@ class Judge:
         ex = obj._executor
         if ex is not self.executor or not ex.alive():
             raise CandidateCrashed("object of an earlier sandbox run")
-        ex.released.add(obj._hid)  # the test uses the object: the program now holds it
+        if obj._built:  # the test uses the object it built (its own reference): the program holds it now
+            ex.released.add(obj._hid)
         callbacks = {}
         msg = {"k": kind, "target": obj._hid}
         # a call of a name of the program that the judge cannot show to be a function builds an
