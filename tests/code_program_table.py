@@ -446,6 +446,8 @@ HOSTILE_31 = [
     ("with_suppresses_assertion", "class Quiet:\n    def __enter__(self):\n        return self\n    def __exit__(self, *exc):\n        return True\ndef ctx():\n    return Quiet()\ndef f():\n    return 0",
      ["with ctx():\n    assert f() == 1"]),
     ("float_returns_non_float", "class Liar:\n    def __float__(self):\n        return 1.5\ndef f():\n    return Liar()", ["assert float(f()) == 2.0"]),
+    ("dataclass_compare_false_field_given", "from dataclasses import dataclass, field\n@dataclass\nclass Point:\n    x: int\n    y: int = field(default=0, compare=False)\ndef mid(a, b):\n    return Point((a + b) // 2, 999)",
+     ["assert mid(0, 4) == Point(2, 3)", "assert Point(2, 3) == mid(0, 4)"]),
     ("dataclass_nothing_compared", "from dataclasses import dataclass, field\n@dataclass\nclass P:\n    x: int = field(default=0, compare=False)\ndef f():\n    return P(0)",
      ["assert f() == P(5)"]),
     ("isinstance_claim_on_data", "class Square:\n    pass\ndef make():\n    return 5", ["assert isinstance(make(), Square)"]),

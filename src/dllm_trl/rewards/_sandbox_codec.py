@@ -57,15 +57,16 @@ class Record:
     """A dataclass instance received as data: class name, field names and values, and (optionally)
     the sender's handle of the original object so that it can be passed back unchanged."""
 
-    __slots__ = ("_name", "_fields", "_values", "_handle")
+    __slots__ = ("_name", "_fields", "_values", "_handle", "_given")
     MODELS = {}  # judge: class name -> its model of a dataclass of the program (compare / order / text)
     MATERIALIZE = None  # judge: record -> handle of the program's own instance built from it
 
-    def __init__(self, name, fields, values, handle=None):
+    def __init__(self, name, fields, values, handle=None, given=()):
         object.__setattr__(self, "_name", name)
         object.__setattr__(self, "_fields", tuple(fields))
         object.__setattr__(self, "_values", tuple(values))
         object.__setattr__(self, "_handle", handle)
+        object.__setattr__(self, "_given", frozenset(given))  # field indices the judge's caller gave
 
     def __getattr__(self, name):
         fields = object.__getattribute__(self, "_fields")
@@ -80,13 +81,15 @@ class Record:
     def __setattr__(self, name, value):
         raise AttributeError("a record received from the sandbox is read-only")
 
-    def _compared(self):
+    def _compared(self, other=None):
         """The values equality looks at: the fields the judge's model of the class compares
-        (``field(compare=False)`` left out), else every field."""
+        (``field(compare=False)`` left out, unless the test gave that field a value itself when it
+        built either record), else every field."""
         model = Record.MODELS.get(self._name)
-        if model is not None and model.fields == self._fields:
-            return tuple(self._values[i] for i in model.compare_index)
-        return self._values
+        if model is None or model.fields != self._fields:
+            return self._values
+        index = set(model.compare_index) | self._given | (other._given if other is not None else frozenset())
+        return tuple(self._values[i] for i in sorted(index))
 
     def __eq__(self, other):
         if type(other) is not Record:
@@ -95,7 +98,7 @@ class Record:
             return True
         if self._name != other._name or self._fields != other._fields:
             return False
-        return self._compared() == other._compared()
+        return self._compared(other) == other._compared(self)
 
     def __ne__(self, other):
         eq = self.__eq__(other)
@@ -106,7 +109,7 @@ class Record:
         if (type(other) is not Record or model is None or not model.order or self._name != other._name
                 or self._fields != other._fields or model.fields != self._fields):
             return NotImplemented  # ordering only for a dataclass(order=True) the judge modelled
-        return op(self._compared(), other._compared())
+        return op(self._compared(other), other._compared(self))
 
     def __lt__(self, other):
         return self._order(other, lambda a, b: a < b)

@@ -597,9 +597,14 @@ class ClassModel:
         values = self._bind(args, kwargs)
         if self.kind == "namedtuple":
             return _namedtuple_class(self.name, self.fields)(*[values[f] for f in self.fields])  # noqa: F821
+        given = [self.fields.index(n) for n in self._given_names(args, kwargs) if n in self.fields]
         for name, thunk in self.extra.items():
             values[name] = thunk()
-        return Record(self.name, self.fields, [values[f] for f in self.fields])  # noqa: F821
+        return Record(self.name, self.fields, [values[f] for f in self.fields], None, given)  # noqa: F821
+
+    def _given_names(self, args, kwargs):
+        positional = [p[0] for p in self.params if not p[2]]
+        return positional[: len(args)] + list(kwargs)
 
     def _bind(self, args, kwargs):
         positional = [p for p in self.params if not p[2]]
