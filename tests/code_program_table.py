@@ -400,6 +400,8 @@ FAIR_31 = [
      ["assert neighbours(Cell(0, 0)) == {Cell(1, 0): 1, Cell(0, 1): 1}", "assert Cell(1, 0) in neighbours(Cell(0, 0))"]),
     ("dataclass_argument_isinstance_in_program", "from dataclasses import dataclass\n@dataclass\nclass P:\n    x: int\ndef is_point(p):\n    return isinstance(p, P)",
      ["assert is_point(P(1)) is True", "assert is_point(1) is False"]),
+    ("namedtuple_subclass_built_by_test", "from collections import namedtuple\nclass Point(namedtuple('Point', 'x y')):\n    __slots__ = ()\n    def norm1(self):\n        return abs(self.x) + abs(self.y)\ndef mid(a, b):\n    return Point((a.x + b.x) // 2, (a.y + b.y) // 2)",
+     ["assert mid(Point(0, 0), Point(2, 4)) == Point(1, 2)", "assert Point(3, -4).norm1() == 7"]),
     ("counter_argument_methods", "from collections import Counter\ndef top(c):\n    return c.most_common(1)[0][0]", ["assert top(Counter('aab')) == 'a'"]),
 ]
 

@@ -590,13 +590,17 @@ class ClassModel:
         self.order = False
         self.own_text = False  # the class defines __str__ / __repr__ (asked of the program's instance)
         self.base = None
+        self.tuple_class = None  # namedtuple: the judge's class of the values it builds
 
     def build(self, args, kwargs):
         if self.kind == "builtin":
             return self.base(*args, **kwargs)
         values = self._bind(args, kwargs)
         if self.kind == "namedtuple":
-            return _namedtuple_class(self.name, self.fields)(*[values[f] for f in self.fields])  # noqa: F821
+            if self.tuple_class is None:
+                plain = _namedtuple_class(self.name, self.fields)  # noqa: F821
+                self.tuple_class = type(self.name, (plain,), {"__slots__": (), "__getattr__": _program_method})
+            return self.tuple_class(*[values[f] for f in self.fields])
         given = [self.fields.index(n) for n in self._given_names(args, kwargs) if n in self.fields]
         for name, thunk in self.extra.items():
             values[name] = thunk()
@@ -626,6 +630,14 @@ class ClassModel:
                     raise TypeError("%s() missing required argument: %r" % (self.name, name))
                 values[name] = thunk()
         return values
+
+
+def _program_method(value, name):
+    """A method of a namedtuple class of the program, for a value the judge built: asked of the
+    program's instance rebuilt from it (which hands the value to the program)."""
+    if name.startswith("__"):
+        raise AttributeError(name)
+    return getattr(_JUDGE.materialize(value), name)
 
 
 def _literal_thunk(node):
@@ -675,7 +687,8 @@ def _class_body_ok(node, allowed_dunders=()):
             continue
         elif isinstance(stmt, (ast.Pass, ast.AnnAssign)):
             continue
-        elif isinstance(stmt, ast.Assign) and all(isinstance(t, ast.Name) and not t.id.startswith("__") for t in stmt.targets):
+        elif isinstance(stmt, ast.Assign) and all(isinstance(t, ast.Name) and (not t.id.startswith("__") or t.id == "__slots__")
+                                                  for t in stmt.targets):
             continue
         else:
             return False
@@ -772,9 +785,16 @@ def _assigning_init(node):
 
 
 def _namedtuple_class_model(node):
-    if node.decorator_list or node.keywords or len(node.bases) != 1 or _dotted(node.bases[0]) not in NAMEDTUPLE_BASES:
+    if node.decorator_list or node.keywords or len(node.bases) != 1 or not _class_body_ok(node):
         return None
-    if not _class_body_ok(node):
+    base = node.bases[0]
+    if isinstance(base, ast.Call) and _dotted(base.func) in NAMEDTUPLE_FACTORIES:
+        # class P(namedtuple('P', 'x y')): methods on a namedtuple
+        if any(isinstance(s, ast.AnnAssign) for s in node.body):
+            return None
+        inner = _namedtuple_call_model(node.name, base)
+        return inner
+    if _dotted(base) not in NAMEDTUPLE_BASES:
         return None
     model = ClassModel(node.name, "namedtuple")
     for stmt in node.body:
