@@ -102,6 +102,9 @@ LEGIT = [
     ("walrus_defined", "(add := lambda a, b: a + b)", ["assert add(1, 1) == 2"]),
     ("tuple_unpacking_defs", "add, sub = (lambda a, b: a + b), (lambda a, b: a - b)", ["assert add(5, 2) == 7", "assert sub(5, 2) == 3"]),
     ("lambda_assigned", "square = lambda x: x * x", ["assert square(9) == 81"]),
+    ("globals_defined", "globals()['cube'] = lambda x: x ** 3", ["assert cube(2) == 8"]),
+    ("decorated_by_own_memoizer", "def memo(f):\n    cache = {}\n    def inner(n):\n        if n not in cache:\n            cache[n] = f(n)\n        return cache[n]\n    return inner\n@memo\ndef fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)",
+     ["assert fib(30) == 832040"]),
     ("module_constant", "MOD = 10 ** 9 + 7\ndef f(x):\n    return x % MOD", ["assert f(MOD + 1) == 1", "assert MOD == 1000000007"]),
     ("builtin_named_pow", "def pow(a, b):\n    r = 1\n    for _ in range(b):\n        r *= a\n    return r", ["assert pow(2, 3) == 8", "assert pow(5, 0) == 1"]),
     ("builtin_named_sum", "def sum(xs):\n    t = 0\n    for x in xs:\n        t += x\n    return t", ["assert sum([1, 2, 3]) == 6"]),
@@ -326,11 +329,10 @@ LIMITATIONS = [
     ("enum_lookup_by_value", "from enum import Enum\nclass Color(Enum):\n    RED = 1\n    BLUE = 2\ndef warm():\n    return Color.RED", ["assert warm() == Color(1)"], 0.0),
     ("registry_returns_built_object", "class Item:\n    made = []\n    def __init__(self, name):\n        self.name = name\n        Item.made.append(self)\ndef latest():\n    return Item.made[-1]",
      ["it = Item('a')\nassert latest() == it", "it = Item('b')\nassert latest().name == 'b'"], 0.5),
-    # issue 31: a call of a class the judge does not model (own constructor, __post_init__) or of a
-    # name the source does not show to be a function builds the program's object: equal only to itself
+    # issue 31: a call of a class the judge does not model (own constructor, __post_init__) builds the
+    # program's object: equal only to itself
     ("dataclass_derived_field", "from dataclasses import dataclass, field\n@dataclass\nclass Temp:\n    c: float\n    f: float = field(init=False)\n    def __post_init__(self):\n        self.f = self.c * 9 / 5 + 32\ndef boiling():\n    return Temp(100)",
      ["assert boiling() == Temp(100)", "assert Temp(100).f == 212"], 0.5),
-    ("globals_defined", "globals()['cube'] = lambda x: x ** 3", ["assert cube(2) == 8", "assert cube(2).real == 8"], 0.5),
     ("tuple_subclass_built_by_test_compared", "class Vec(tuple):\n    def __new__(cls, x, y):\n        return super().__new__(cls, (x, y))\ndef add(a, b):\n    return Vec(a[0] + b[0], a[1] + b[1])",
      ["assert add(Vec(1, 2), Vec(3, 4)) == Vec(4, 6)", "assert add(Vec(1, 2), Vec(3, 4)) == (4, 6)"], 0.5),
     ("builtin_subclass_property_of_result", "class Vec(tuple):\n    @property\n    def x(self):\n        return self[0]\ndef make():\n    return Vec((4, 6))",

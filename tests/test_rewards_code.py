@@ -151,7 +151,8 @@ def test_judge_reads_the_programs_names_from_its_source():
     kinds = {name: kind for name, (kind, _) in program_names(prog).items()}
     assert kinds["f"] == kinds["g"] == kinds["h"] == kinds["w"] == "function"
     assert kinds["P"] == kinds["V"] == kinds["N"] == "model"
-    assert kinds["Q"] == kinds["S"] == kinds["twice"] == kinds["E"] == "other"
+    assert kinds["Q"] == kinds["S"] == kinds["E"] == "class"
+    assert kinds["twice"] == "function"  # bound twice, never by a class statement
     assert kinds["Counter"] == "stdlib" and kinds["np"] == "module"
     p_model = program_names(prog)["P"][1]
     assert p_model.order and p_model.fields == ("x", "tags") and p_model.compare_index == (0,)

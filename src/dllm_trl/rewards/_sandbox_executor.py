@@ -222,7 +222,6 @@ def _boot():
 
 
 _MUTABLE = (list, dict, set, bytearray)
-_ID, _TYPE = id, type  # taken before the candidate runs (conveniences only: nothing here is trusted)
 
 
 class _Session:
@@ -339,8 +338,10 @@ class _Session:
             return str(target)
         if kind == "repr":
             return repr(target)
-        if kind in ("float", "int", "complex", "index"):
-            return {"float": float, "int": int, "complex": complex, "index": __import__("operator").index}[kind](target)
+        if kind in ("float", "int", "complex"):
+            return {"float": float, "int": int, "complex": complex}[kind](target)
+        if kind == "index":
+            return type(target).__index__(target)
         if kind == "enter":
             return type(target).__enter__(target)
         if kind == "exit":

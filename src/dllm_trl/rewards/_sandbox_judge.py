@@ -21,8 +21,8 @@ among its items.
 What the judge knows about the program comes from the program's source (:func:`program_names`,
 read here) and from its own records, never from the executor, which the candidate controls
 entirely: a call of a class the judge models (:class:`ClassModel`) is evaluated here from the
-test's arguments; a call of any other class, or of a name the source does not show to be a
-function, gives the sandboxed object as a handle that the judge holds back (:func:`_same_object`);
+test's arguments; a call of any other class statement of the program gives the sandboxed object
+as a handle that the judge holds back (:func:`_same_object`);
 names the test reads as modules are never the candidate's (:meth:`Judge.namespace`). Consequently
 the candidate cannot patch the test machinery or builtins used by the tests, cannot see expected
 values (they never leave this process, except as arguments of the test's own calls of the
@@ -257,7 +257,7 @@ class Executor:
             raise CandidateCrashed("load failed: malformed names")
         for name, hid in list(names.items())[:10000]:
             if _is_name(name) and type(hid) is int:
-                self.names[name] = RemoteObject(self, hid, name, kind=self.kinds.get(name, ("unknown",))[0])
+                self.names[name] = RemoteObject(self, hid, name, kind=self.kinds.get(name, ("function",))[0])
                 self.seen.add(hid)
         for name, enc in list(values.items())[:10000]:
             if _is_name(name) and name not in self.names:
@@ -266,7 +266,7 @@ class Executor:
                 except CodecError:  # noqa: F821
                     continue
                 if isinstance(value, RemoteObject):  # an object: called, it builds unless a function
-                    value = type(value)(self, value._hid, name, kind=self.kinds.get(name, ("unknown",))[0])
+                    value = type(value)(self, value._hid, name, kind=self.kinds.get(name, ("function",))[0])
                 self.values[name] = value
 
     def request(self, msg, deadline, callbacks, resolve):
@@ -533,19 +533,21 @@ def _same_object(a, b):
 # What the judge knows about a name of the program comes from the program's source, read here,
 # never from the executor (the candidate's process, which can rewrite anything in itself).
 # ``program_names`` classifies every module-level name:
-#   "function"  every binding is a ``def`` (decorated at most by functools' caches) or a lambda:
-#               what a call returns is the program's answer;
 #   "model"     bound once, by a class statement (or ``namedtuple(...)``) whose value semantics the
 #               judge reproduces itself (:class:`ClassModel`): a call by the test builds the value
 #               here, from the test's own arguments; the program never sees the call;
+#   "class"     bound by another class statement (own constructor, ``__post_init__``, an enum, a
+#               plain class): a call by the test *builds an object*: the test gets the sandboxed
+#               object as a handle, equal only to itself (never the program's answer before the test
+#               hands it over, see :func:`_same_object`);
 #   "stdlib"    bound once, by ``from <allow-listed stdlib module> import name``: the real object;
 #   "module"    ``import x`` / ``import x as y``: never the program's for the test;
-#   anything else (another class, a name bound twice or by other means, a name the source does not
-#   bind at all, e.g. ``globals()[...] = ...``): a call by the test *builds an object*: the test gets
-#   the sandboxed object as a handle, equal only to itself (never the program's answer before the
-#   test hands it over, see :func:`_same_object`).
+#   "function"  anything else (a ``def``, a lambda, an assignment, a name the source does not bind,
+#               e.g. ``globals()[...] = ...``): what a call returns is the program's answer. A class
+#               hidden behind such a name gains a program nothing that ``def Point(*a): ...`` would
+#               not: both are the program answering for the test's expected value, as in plain
+#               Python (out of scope, docs/rewards.md).
 
-FUNCTION_DECORATORS = {"lru_cache", "cache", "functools.lru_cache", "functools.cache"}
 DATACLASS_DECORATORS = {"dataclass", "dataclasses.dataclass"}
 NAMEDTUPLE_FACTORIES = {"namedtuple", "collections.namedtuple"}
 NAMEDTUPLE_BASES = {"NamedTuple", "typing.NamedTuple"}
@@ -893,11 +895,10 @@ def program_names(program):
     def visit(body):
         for stmt in body:
             if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                plain = all(_dotted(d.func if isinstance(d, ast.Call) else d) in FUNCTION_DECORATORS for d in stmt.decorator_list)
-                add(stmt.name, "function" if plain else "other")
+                add(stmt.name, "function")
             elif isinstance(stmt, ast.ClassDef):
                 model = _class_model(stmt)
-                add(stmt.name, "model" if model is not None else "other", model)
+                add(stmt.name, "model" if model is not None else "class", model)
             elif isinstance(stmt, ast.Assign):
                 for target in stmt.targets:
                     bind(target, stmt.value)
@@ -936,14 +937,14 @@ def program_names(program):
     out = {}
     for name, bindings in found.items():
         kinds = {k for k, _ in bindings}
-        if kinds == {"function"}:
-            out[name] = ("function", None)
+        if len(bindings) == 1 and kinds <= {"model", "stdlib"}:
+            out[name] = bindings[0]
         elif kinds == {"module"}:
             out[name] = ("module", None)
-        elif len(bindings) == 1 and kinds <= {"model", "stdlib"}:
-            out[name] = bindings[0]
+        elif kinds & {"model", "class"}:
+            out[name] = ("class", None)  # a class statement among several bindings
         else:
-            out[name] = ("other", None)
+            out[name] = ("function", None)
     return out
 
 
@@ -1053,9 +1054,9 @@ class Judge:
             ex.released.add(obj._hid)
         callbacks = {}
         msg = {"k": kind, "target": obj._hid}
-        # a call of a name of the program that the judge cannot show to be a function builds an
+        # a call of a class of the program (a class statement the judge does not model) builds an
         # object (the judge's reading of the program's source, never the executor's word)
-        builds = kind == "call" and obj._kind not in ("function", None)
+        builds = kind == "call" and obj._kind == "class"
         if kind == "call":
             args, kwargs = fields["args"], fields["kwargs"]
             msg["args"] = ex.encode(tuple(args), callbacks)

@@ -23,8 +23,8 @@ Architecture (three processes per completion)
   judge); callables the tests pass in are called back in the judge; in-place changes to the tests'
   arguments are written back, nested ones included. Every assertion / comparison is evaluated in
   the judge on values of trusted types.
-* **trust boundary**: what the judge knows about the program (is a name a function, a class it
-  models, a stdlib import; what a test's call of a class gives) comes from the program's AST, read
+* **trust boundary**: what the judge knows about the program (is a name a class statement, a class
+  it models, a stdlib import; what a test's call of a class gives) comes from the program's AST, read
   in the judge, and from the judge's own records of its requests; the executor's replies are only
   the program's answers to the test's requests, never facts the judge's rules rely on (see
   ``docs/rewards.md``, "Where the judge's knowledge comes from").
@@ -86,10 +86,10 @@ Semantics and limitations (each tested in ``tests/code_program_table.py``, liste
 own ``__eq__`` compared with a fresh instance fails; dataclasses compare by their fields); a test's
 call of a class of the program that the judge models from the source (a plain dataclass, a
 namedtuple, a builtin subclass without its own constructor) is evaluated in the judge from the
-test's arguments, and the program never sees it; a call of any other class, or of a name the
-source does not show to be a function, gives the program's object as a handle, equal only to itself
-and never the program's answer before the test hands it over (a discarding constructor, a shared
-instance or a registry cannot make the program's answer equal to it); ``x in obj`` is membership
+test's arguments, and the program never sees it; a call of any other class statement of the program
+gives the program's object as a handle, equal only to itself and never the program's answer before
+the test hands it over (a discarding constructor, a shared instance or a registry cannot make the
+program's answer equal to it); any other name is the program answering, as in plain Python; ``x in obj`` is membership
 among the object's items (never its ``__contains__``); truth-testing such an object raises,
 operators (``+``, ``<``) on it are not forwarded, ``with obj:`` never suppresses the test's
 exception; subclasses of builtins arrive as their base; objects the *tests* build from their own
