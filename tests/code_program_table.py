@@ -310,11 +310,7 @@ HOSTILE = [
 LIMITATIONS = [
     ("custom_eq_fresh_instance", "class P:\n    def __init__(self, x):\n        self.x = x\n    def __eq__(self, o):\n        return self.x == o.x\ndef make(x):\n    return P(x)",
      ["assert make(1) == P(1)"], 0.0),
-    ("operator_on_object", "class V:\n    def __init__(self, x):\n        self.x = x\n    def __add__(self, o):\n        return V(self.x + o.x)\ndef make(x):\n    return V(x)",
-     ["assert (make(1) + make(2)).x == 3"], 0.0),
     ("truth_of_object", "class Node:\n    pass\ndef make():\n    return Node()", ["assert make()"], 0.0),
-    ("namedtuple_subclass_method", "from collections import namedtuple\nclass P(namedtuple('P', 'x y')):\n    def norm1(self):\n        return abs(self.x) + abs(self.y)\ndef make():\n    return P(3, -4)",
-     ["assert make().norm1() == 7", "assert make() == (3, -4)"], 0.5),
     ("test_built_object_passed_in", "def area(r):\n    return r.w * r.h",
      ["class R:\n    def __init__(self, w, h):\n        self.w, self.h = w, h\nassert area(R(2, 3)) == 6"], 0.0),
     ("contains_without_iteration", "class Evens:\n    def __contains__(self, x):\n        return x % 2 == 0\ndef evens():\n    return Evens()",
@@ -404,6 +400,12 @@ FAIR_31 = [
      ["assert is_point(P(1)) is True", "assert is_point(1) is False"]),
     ("namedtuple_subclass_built_by_test", "from collections import namedtuple\nclass Point(namedtuple('Point', 'x y')):\n    __slots__ = ()\n    def norm1(self):\n        return abs(self.x) + abs(self.y)\ndef mid(a, b):\n    return Point((a.x + b.x) // 2, (a.y + b.y) // 2)",
      ["assert mid(Point(0, 0), Point(2, 4)) == Point(1, 2)", "assert Point(3, -4).norm1() == 7"]),
+    ("namedtuple_subclass_method", "from collections import namedtuple\nclass P(namedtuple('P', 'x y')):\n    def norm1(self):\n        return abs(self.x) + abs(self.y)\ndef make():\n    return P(3, -4)",
+     ["assert make().norm1() == 7", "assert make() == (3, -4)"]),
+    ("operator_on_object", "class V:\n    def __init__(self, x):\n        self.x = x\n    def __add__(self, o):\n        return V(self.x + o.x)\ndef make(x):\n    return V(x)",
+     ["assert (make(1) + make(2)).x == 3"]),
+    ("arithmetic_on_object", "class V:\n    def __init__(self, x):\n        self.x = x\n    def __add__(self, o):\n        return V(self.x + (o.x if isinstance(o, V) else o))\n    __radd__ = __add__\n    def __neg__(self):\n        return V(-self.x)\n    def __iadd__(self, o):\n        self.x += o\n        return self\ndef make(x):\n    return V(x)",
+     ["assert (-make(2)).x == -2", "assert (3 + make(1)).x == 4", "v = make(1)\nv += 5\nassert v.x == 6", "assert sum([make(1), make(2)], make(0)).x == 3"]),
     ("counter_argument_methods", "from collections import Counter\ndef top(c):\n    return c.most_common(1)[0][0]", ["assert top(Counter('aab')) == 'a'"]),
 ]
 
@@ -458,6 +460,7 @@ HOSTILE_31 = [
     ("exception_claims_assertion", "class Fake(AssertionError):\n    pass\ndef f():\n    raise Fake('x')", ["try:\n    f()\nexcept AssertionError:\n    pass\nassert f() == 1"]),
     ("iterator_lazy_forever", "import itertools\ndef f():\n    return itertools.count()", ["assert list(f()) == [0]"]),
     ("mutation_claimed_into_tuple_ints", "def f(t):\n    return None", ["t = (1, [2])\nf(t)\nassert t == (1, [2, 3])"]),
+    ("comparison_not_forwarded", "class A:\n    def __lt__(self, o):\n        return True\n    def __gt__(self, o):\n        return True\ndef f():\n    return A()", ["assert f() < 0", "assert 0 < f()"]),
     ("order_without_order_flag", "from dataclasses import dataclass\n@dataclass\nclass V:\n    x: int\ndef f():\n    return V(0)", ["assert f() < V(1) or True is False"]),
 ]
 LEGIT += FAIR_31

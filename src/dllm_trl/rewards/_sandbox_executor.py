@@ -222,6 +222,10 @@ def _boot():
 
 
 _MUTABLE = (list, dict, set, bytearray)
+# operator functions by dunder stem ("and" is operator.and_)
+_ARITHMETIC = {n: (n + "_" if n in ("and", "or") else n) for n in
+               ("add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "pow", "lshift", "rshift", "and", "xor", "or")}
+_UNARY = ("neg", "pos", "abs", "invert")
 
 
 class _Session:
@@ -349,6 +353,22 @@ class _Session:
             return None
         if kind == "isinstance":
             return isinstance(target, arg)
+        if kind == "arith":  # target <op> other (r...: other <op> target; i...: in place)
+            name, other = arg
+            return self.arithmetic(str(name), target, other)
+        raise ValueError("unknown operation")
+
+    def arithmetic(self, name, target, other):
+        import operator
+
+        if name in _UNARY:
+            return getattr(operator, name)(target)
+        if name.startswith("r") and name[1:] in _ARITHMETIC:
+            return getattr(operator, _ARITHMETIC[name[1:]])(other, target)
+        if name.startswith("i") and name[1:] in _ARITHMETIC:
+            return getattr(operator, "i" + _ARITHMETIC[name[1:]].rstrip("_"))(target, other)
+        if name in _ARITHMETIC:
+            return getattr(operator, _ARITHMETIC[name])(target, other)
         raise ValueError("unknown operation")
 
     def take(self, iterator, n):

@@ -472,6 +472,35 @@ class RemoteObject:
         return hash((id(self._executor), self._hid))
 
 
+# arithmetic on a sandboxed object is a call of its own methods (the program computing an answer,
+# compared afterwards here); comparisons, truth and membership are verdicts and never forwarded
+ARITHMETIC = ("add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "pow", "lshift", "rshift", "and",
+              "xor", "or")
+UNARY = ("neg", "pos", "abs", "invert")
+
+
+def _arithmetic(name, reflected=False, inplace=False):
+    def method(self, other):
+        return self._op("op", op="arith", arg=(("r" if reflected else "i" if inplace else "") + name, other))
+
+    return method
+
+
+def _unary(name):
+    def method(self):
+        return self._op("op", op="arith", arg=(name, None))
+
+    return method
+
+
+for _name in ARITHMETIC:
+    setattr(RemoteObject, "__%s__" % _name, _arithmetic(_name))
+    setattr(RemoteObject, "__r%s__" % _name, _arithmetic(_name, reflected=True))
+    setattr(RemoteObject, "__i%s__" % _name, _arithmetic(_name, inplace=True))
+for _name in UNARY:
+    setattr(RemoteObject, "__%s__" % _name, _unary(_name))
+
+
 class RemoteIteratorObject(RemoteObject):
     """A sandboxed iterator (a generator, ``map``, ``itertools.count()``...): ``next`` takes one item."""
 
@@ -599,14 +628,18 @@ class ClassModel:
             return self.base(*args, **kwargs)
         values = self._bind(args, kwargs)
         if self.kind == "namedtuple":
-            if self.tuple_class is None:
-                plain = _namedtuple_class(self.name, self.fields)  # noqa: F821
-                self.tuple_class = type(self.name, (plain,), {"__slots__": (), "__getattr__": _program_method})
-            return self.tuple_class(*[values[f] for f in self.fields])
+            return self.tuple_of([values[f] for f in self.fields])
         given = [self.fields.index(n) for n in self._given_names(args, kwargs) if n in self.fields]
         for name, thunk in self.extra.items():
             values[name] = thunk()
         return Record(self.name, self.fields, [values[f] for f in self.fields], None, given)  # noqa: F821
+
+    def tuple_of(self, values):
+        """A namedtuple value of this class: tuple equality, and its methods asked of the program."""
+        if self.tuple_class is None:
+            plain = _namedtuple_class(self.name, self.fields)  # noqa: F821
+            self.tuple_class = type(self.name, (plain,), {"__slots__": (), "__getattr__": _program_method})
+        return self.tuple_class(*values)
 
     def _given_names(self, args, kwargs):
         positional = [p[0] for p in self.params if not p[2]]
@@ -1112,8 +1145,13 @@ class Judge:
                 return cls(ex, v[0], str(v[1])[:100])
             if tag == "cb" and type(v) is int and v in callbacks:
                 return callbacks[v]  # one of the test's own callables, handed back
-            if tag in ("dc", "nt"):
-                return v  # a record / namedtuple: data, as received
+            if tag == "nt":  # a namedtuple of a class the judge models gets that class's methods
+                kind, model = self.kinds.get(type(v).__name__, (None, None))
+                if kind == "model" and model.kind == "namedtuple" and model.fields == type(v)._fields:
+                    return model.tuple_of(v)
+                return v
+            if tag == "dc":
+                return v  # a record: data, as received
             raise CodecError("unknown reference")  # noqa: F821
 
         return resolve
