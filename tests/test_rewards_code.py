@@ -104,6 +104,23 @@ def test_mbpp_style_partial_credit_and_columns():
     assert r3 == [pytest.approx(2 / 3)]
 
 
+def test_another_interpreter_gets_source_not_bytecode():
+    """Judge and executor run as bytecode compiled by the caller only on the caller's own
+    interpreter; any other ``SandboxConfig.python`` gets their source (bytecode is version-specific)."""
+    import sys
+
+    from dllm_trl.rewards import code as code_module
+
+    other = os.path.realpath(sys.executable)
+    if other == sys.executable:
+        other = os.path.join(os.path.dirname(sys.executable), ".", os.path.basename(sys.executable))
+    assert not code_module._same_interpreter(other) and "source" in code_module._executor_program(other)
+    assert "bytecode" in code_module._executor_program(sys.executable)
+    res = run_code_tests("def f(x):\n    return [x]\n", ["assert f(1) == [1]", "assert f(2) != [1]"],
+                         config=SandboxConfig(timeout=2.0, python=other))
+    assert res.passed == 2 and res.error is None, (res.tests, res.error)
+
+
 def test_factory_and_signature():
     reward = make_code_reward(timeout=2.0, workers=1, name="my_code")
     assert reward.__name__ == "my_code"

@@ -1,7 +1,7 @@
 """Judge: runs the TRUSTED unit tests of one completion and decides pass/fail.
 
 Standalone program (stdlib only), started by :mod:`dllm_trl.rewards.code` as
-``python -I -S -c <_processes + codec + this file>`` with an empty environment, in its own session. It reads the
+``python -I -S -c <_processes + codec + this file>`` (as bytecode on stdin when the interpreter is the caller's) with an empty environment, in its own session. It reads the
 job (JSON) from stdin and writes one JSON line per message to a private duplicate of its stdout
 (fd 1 itself is pointed at /dev/null so prints from test code cannot forge lines): a ``watch``
 line before each test (until when it may run: the caller kills a judge stuck past that, e.g. in C
@@ -36,6 +36,7 @@ executor chroots.
 """
 
 import ast
+import base64
 import builtins
 import collections
 import ctypes
@@ -213,7 +214,9 @@ class Executor:
         """Start a fresh executor and load the program. Raises InfraError (sandbox broken),
         CandidateCrashed (load failed / died) or CandidateTimeout."""
         job = self.job
-        self.proc = start_isolated([job["python"], "-I", "-S", "-c", job["executor_src"]], {})  # noqa: F821
+        program = job["executor"]
+        code = base64.b64decode(program["bytecode"]) if "bytecode" in program else None
+        self.proc = start_isolated([job["python"], "-I", "-S", "-c", program["loader"] if code else program["source"]], {})  # noqa: F821
         cfg = {
             "program": job["program"], "uid": job.get("uid"), "gid": job.get("gid"),
             "chroot": self.chroot, "workdir": self.workdir, "limits": job["limits"],
@@ -223,6 +226,8 @@ class Executor:
             "judge_pid": os.getpid(),
         }
         try:
+            if code is not None:  # the executor's own code first (compiled by the caller), then its configuration
+                _write_all(self.proc.stdin.fileno(), code)
             send_msg(self.proc.stdin.fileno(), cfg)  # noqa: F821
             boot = recv_msg(self.proc.stdout.fileno(), boot_deadline, 1 << 16)  # noqa: F821
         except ChannelTimeout:  # noqa: F821
@@ -342,6 +347,12 @@ class Executor:
             return encode_value(value, fallback)  # noqa: F821
         except (TypeError, ValueError, RecursionError) as exc:
             raise TypeError("argument not transportable to the sandbox: %s" % exc)
+
+
+def _write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def _is_name(name):

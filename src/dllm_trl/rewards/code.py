@@ -4,7 +4,8 @@ isolated process; reward = passed / total. What is supported and what is not: ``
 Architecture (three processes per completion)
 ----------------------------------------------
 * **caller** (the trainer): builds a job, starts a *judge* (``python -I -S``, empty environment,
-  own session) and reads its report line by line. Before each test the judge says until when the
+  own session; judge and executor arrive as bytecode compiled once here, see
+  :func:`~dllm_trl.rewards._processes.program_bytecode`) and reads its report line by line. Before each test the judge says until when the
   test may run; a judge still on that test a second past it (stuck in C code on a value the
   candidate returned, e.g. ``sum(range(10**18))``, which no alarm can interrupt) is SIGKILLed with
   its process group and every process of the completion's sandbox uid, the test fails, and a
@@ -116,7 +117,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from ._processes import kill_process_group, program_source, start_isolated, warn_once, workers_from_env
+from ._processes import BYTECODE_LOADER, kill_process_group, program_bytecode, program_source, start_isolated, warn_once, workers_from_env
 from .math import completion_to_text
 
 logger = logging.getLogger(__name__)
@@ -257,15 +258,34 @@ class CodeTestResult:
 
 
 # =============================================================================== sources
+_JUDGE_FILES = ("_processes.py", "_sandbox_codec.py", "_sandbox_judge.py")
+_EXECUTOR_FILES = ("_processes.py", "_sandbox_codec.py", "_sandbox_executor.py")
+
+
 def _judge_src() -> str:
-    return program_source("_processes.py", "_sandbox_codec.py", "_sandbox_judge.py")
+    return program_source(*_JUDGE_FILES)
 
 
 def _executor_src() -> str:
-    return program_source("_processes.py", "_sandbox_codec.py", "_sandbox_executor.py")
+    return program_source(*_EXECUTOR_FILES)
+
+
+def _same_interpreter(python: str) -> bool:
+    """Whether ``python`` is this interpreter (then judge and executor get bytecode compiled here)."""
+    return python == sys.executable
 
 
 # =============================================================================== running one completion
+def _executor_program(python: str) -> dict:
+    """How the judge starts the executor: bytecode compiled here (base64, framed) when it runs this
+    interpreter, else the source."""
+    if _same_interpreter(python):
+        import base64
+
+        return {"bytecode": base64.b64encode(program_bytecode(*_EXECUTOR_FILES)).decode("ascii"), "loader": BYTECODE_LOADER}
+    return {"source": _executor_src()}
+
+
 _UID_LOCK = threading.Lock()
 _UIDS_IN_USE: set[int] = set()
 _RNG = random.SystemRandom()
@@ -420,7 +440,7 @@ def run_code_tests(
         "check": test or "",
         "entry_point": entry_point or "",
         "setup": "\n".join(setup_parts),
-        "executor_src": _executor_src(),
+        "executor": _executor_program(cfg.python or sys.executable),
         "python": cfg.python or sys.executable,
         "uid": uid,
         "gid": uid,
@@ -486,11 +506,15 @@ def _run_judge(job: dict, n: int, results: dict[int, dict], hard_deadline: float
     iso: dict | None = None
     watched: tuple[int, float] | None = None
     try:
-        proc = start_isolated([job["python"], "-I", "-S", "-c", _judge_src()], {}, stderr=subprocess.PIPE)
+        bytecode = _same_interpreter(job["python"])
+        program = BYTECODE_LOADER if bytecode else _judge_src()
+        proc = start_isolated([job["python"], "-I", "-S", "-c", program], {}, stderr=subprocess.PIPE)
     except OSError as exc:
         return f"cannot start judge: {exc}", None, None
     try:
         try:
+            if bytecode:
+                proc.stdin.write(program_bytecode(*_JUDGE_FILES))
             proc.stdin.write(json.dumps(job).encode("utf-8"))
             proc.stdin.close()
         except OSError:
