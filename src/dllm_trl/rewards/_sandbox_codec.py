@@ -142,7 +142,9 @@ class Record:
         model = Record.MODELS.get(self._name)
         if self._handle is not None or (model is not None and model.own_text):
             try:
-                return repr(self._own())
+                own = self._own()
+                if own is not None:
+                    return repr(own)
             except Exception:
                 pass
         return self._default_repr()
@@ -151,7 +153,9 @@ class Record:
         model = Record.MODELS.get(self._name)
         if self._handle is not None or (model is not None and model.own_text):
             try:
-                return str(self._own())
+                own = self._own()
+                if own is not None:
+                    return str(own)
             except Exception:
                 pass
         return self._default_repr()
