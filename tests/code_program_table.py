@@ -322,7 +322,6 @@ LIMITATIONS = [
      ["assert Sorted([3, 1, 2]) == [1, 2, 3]", "assert list(Sorted([3, 1, 2])) == [1, 2, 3]"], 0.5),
     ("dataclass_initvar_argument", "from dataclasses import dataclass, InitVar\n@dataclass\nclass Money:\n    cents: int\n    checked: InitVar[bool] = False\n    def __post_init__(self, checked):\n        assert not checked or self.cents >= 0\ndef price(d):\n    return Money(d * 100)",
      ["assert price(2) == Money(200, checked=True)", "assert price(2) == Money(200)"], 0.0),
-    ("enum_lookup_by_value", "from enum import Enum\nclass Color(Enum):\n    RED = 1\n    BLUE = 2\ndef warm():\n    return Color.RED", ["assert warm() == Color(1)"], 0.0),
     ("registry_returns_built_object", "class Item:\n    made = []\n    def __init__(self, name):\n        self.name = name\n        Item.made.append(self)\ndef latest():\n    return Item.made[-1]",
      ["it = Item('a')\nassert latest() == it", "it = Item('b')\nassert latest().name == 'b'"], 0.5),
     # issue 31: a call of a class the judge does not model (own constructor, __post_init__) builds the
@@ -406,6 +405,7 @@ FAIR_31 = [
      ["assert (make(1) + make(2)).x == 3"]),
     ("arithmetic_on_object", "class V:\n    def __init__(self, x):\n        self.x = x\n    def __add__(self, o):\n        return V(self.x + (o.x if isinstance(o, V) else o))\n    __radd__ = __add__\n    def __neg__(self):\n        return V(-self.x)\n    def __iadd__(self, o):\n        self.x += o\n        return self\ndef make(x):\n    return V(x)",
      ["assert (-make(2)).x == -2", "assert (3 + make(1)).x == 4", "v = make(1)\nv += 5\nassert v.x == 6", "assert sum([make(1), make(2)], make(0)).x == 3"]),
+    ("enum_lookup_by_value", "from enum import Enum\nclass Color(Enum):\n    RED = 1\n    BLUE = 2\ndef warm():\n    return Color.RED", ["assert warm() == Color(1)", "assert Color(2) == Color.BLUE", "assert Color(1) in list(Color)"]),
     ("counter_argument_methods", "from collections import Counter\ndef top(c):\n    return c.most_common(1)[0][0]", ["assert top(Counter('aab')) == 'a'"]),
 ]
 
@@ -461,6 +461,9 @@ HOSTILE_31 = [
     ("iterator_lazy_forever", "import itertools\ndef f():\n    return itertools.count()", ["assert list(f()) == [0]"]),
     ("mutation_claimed_into_tuple_ints", "def f(t):\n    return None", ["t = (1, [2])\nf(t)\nassert t == (1, [2, 3])"]),
     ("comparison_not_forwarded", "class A:\n    def __lt__(self, o):\n        return True\n    def __gt__(self, o):\n        return True\ndef f():\n    return A()", ["assert f() < 0", "assert 0 < f()"]),
+    ("enum_missing_hook_shared_member", "from enum import Enum\nclass Point(Enum):\n    ORIGIN = 0\n    @classmethod\n    def _missing_(cls, value):\n        return cls.ORIGIN\ndef mid(a, b):\n    return Point.ORIGIN",
+     ["assert mid(0, 4) == Point(2)", "expected = Point(2)\nassert mid(0, 4) == expected"]),
+    ("enum_value_not_a_member", "from enum import Enum\nclass Color(Enum):\n    RED = 1\ndef warm():\n    return Color.RED", ["assert warm() == Color(3)"]),
     ("order_without_order_flag", "from dataclasses import dataclass\n@dataclass\nclass V:\n    x: int\ndef f():\n    return V(0)", ["assert f() < V(1) or True is False"]),
 ]
 LEGIT += FAIR_31

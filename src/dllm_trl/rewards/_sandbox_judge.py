@@ -633,6 +633,7 @@ class ClassModel:
         self.own_text = False  # the class defines __str__ / __repr__ (asked of the program's instance)
         self.base = None
         self.tuple_class = None  # namedtuple: the judge's class of the values it builds
+        self.members = []  # enum: (name, value) in definition order
 
     def build(self, args, kwargs):
         if self.kind == "builtin":
@@ -651,6 +652,15 @@ class ClassModel:
             plain = _namedtuple_class(self.name, self.fields)  # noqa: F821
             self.tuple_class = type(self.name, (plain,), {"__slots__": (), "__getattr__": _program_method})
         return self.tuple_class(*values)
+
+    def member_for(self, args, kwargs):
+        """Enum: the name of the first member whose value equals the one argument."""
+        if len(args) != 1 or kwargs:
+            raise TypeError("%s() takes one value" % self.name)
+        for name, value in self.members:
+            if value == args[0] and hash(value) == hash(args[0]):
+                return name
+        raise ValueError("%r is not a valid %s" % (args[0], self.name))
 
     def _given_names(self, args, kwargs):
         positional = [p[0] for p in self.params if not p[2]]
@@ -884,9 +894,38 @@ def _builtin_subclass_model(node):
     return model
 
 
+ENUM_BASES = {"Enum", "enum.Enum"}
+ENUM_DECORATORS = {"unique", "enum.unique"}
+ENUM_TEXT = {"__str__", "__repr__", "__format__"}
+
+
+def _enum_model(node):
+    """``class Color(Enum)`` whose members are literal values and that has no lookup hooks of its
+    own (``_missing_``, ``__new__``, ``__init__``): a call ``Color(1)`` is the member the judge finds
+    by value here, read from the source (as ``Enum`` looks it up), then asked of the program by name."""
+    if node.keywords or len(node.bases) != 1 or _dotted(node.bases[0]) not in ENUM_BASES:
+        return None
+    if any(_dotted(d) not in ENUM_DECORATORS for d in node.decorator_list):
+        return None
+    model = ClassModel(node.name, "enum")
+    for stmt in node.body:
+        if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) or isinstance(stmt, ast.Pass):
+            continue
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and (not stmt.name.startswith("_") or stmt.name in ENUM_TEXT):
+            continue
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name) \
+                and not stmt.targets[0].id.startswith("_"):
+            value = ast.literal_eval(stmt.value)
+            hash(value)
+            model.members.append((stmt.targets[0].id, value))
+            continue
+        return None
+    return model if model.members else None
+
+
 def _class_model(node):
     try:
-        return _dataclass_model(node) or _namedtuple_class_model(node) or _builtin_subclass_model(node)
+        return _dataclass_model(node) or _namedtuple_class_model(node) or _builtin_subclass_model(node) or _enum_model(node)
     except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
         return None
 
@@ -1013,10 +1052,24 @@ class ModelClass:
         object.__setattr__(self, "_model", model)
 
     def __call__(self, *args, **kwargs):
+        if self._model.kind == "enum":
+            return getattr(self._remote, self._model.member_for(args, kwargs))
         return self._model.build(args, kwargs)
 
     def __getattr__(self, name):
         return getattr(self._remote, name)
+
+    def __getitem__(self, key):
+        return self._remote[key]
+
+    def __iter__(self):
+        return iter(self._remote)
+
+    def __len__(self):
+        return len(self._remote)
+
+    def __contains__(self, item):
+        return item in self._remote
 
     def __instancecheck__(self, obj):
         model = self._model
