@@ -8,8 +8,10 @@ and for a batch of 8 hostile + 24 good ones, optionally side by side with anothe
 Each completion gets a fresh judge + executor process pair (see dllm_trl/rewards/code.py), so the
 figures depend on the free CPU cores. The hostile programs sleep in the function under test
 (``--hostile sleep``, the default), spin (``spin``) or hand the judge a huge range (``stall``);
-each costs its own per-test budget (``--timeout``). The baseline runs in a subprocess with
-``PYTHONPATH=<baseline>/src`` and the same arguments; "peak RSS" is that of the calling process
+each costs its own per-test budget (``--timeout``). "ms CPU" is the CPU time (user + system, from
+``RUSAGE_CHILDREN``) of the judge and executor processes per completion: steadier than completions/s
+on a loaded machine. The baseline runs in a subprocess with ``PYTHONPATH=<baseline>/src`` and the
+same arguments; "peak RSS" is that of the calling process
 (the trainer's side: threads and pipes; each sandbox process is capped by its own RLIMIT_AS).
 """
 
@@ -83,13 +85,17 @@ def measure(args) -> dict:
     for label, n_good, n_hostile in (("32 good", 32, 0), (f"8 hostile ({args.hostile}) + 24 good", 24, 8)):
         completions, tests = make_batch(n_good, n_hostile, args.hostile)
         times, rewards = [], []
+        cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         for _ in range(args.repeats):
             t0 = time.perf_counter()
             rewards = code_reward(completions, tests=tests, sandbox_config=cfg)
             times.append(time.perf_counter() - t0)
+        cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu_s = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
         good_ok = sum(r == 1.0 for r in rewards[n_hostile:]) == n_good
         hostile_zero = all(r == 0.0 for r in rewards[:n_hostile])
         out["scenarios"][label] = {"per_s": len(completions) / statistics.median(times), "seconds": statistics.median(times),
+                                   "cpu_ms": 1000 * cpu_s / (len(completions) * args.repeats),
                                    "scores_right": good_ok and hostile_zero}
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return out
@@ -127,7 +133,8 @@ def main() -> None:
         cells = []
         for n in names:
             sc = runs[n]["scenarios"][label]
-            cells.append(f"{sc['per_s']:.1f} ({sc['seconds']:.1f} s{'' if sc['scores_right'] else ', WRONG SCORES'})")
+            cpu = f", {sc['cpu_ms']:.0f} ms CPU" if "cpu_ms" in sc else ""
+            cells.append(f"{sc['per_s']:.1f} ({sc['seconds']:.1f} s{cpu}{'' if sc['scores_right'] else ', WRONG SCORES'})")
         ratio = ""
         if len(names) == 2:
             ratio = f" {runs[names[1]]['scenarios'][label]['per_s'] / runs[names[0]]['scenarios'][label]['per_s']:.1f}x |"

@@ -48,6 +48,11 @@ def main() -> None:
         got = code_reward([_block(p) for _, p, _ in progs], tests=[t for _, _, t in progs], sandbox_config=cfg)
         wrong = [(name, r) for (name, _, _), r in zip(progs, got) if r != want]
         print(f"code {label}: {len(progs) - len(wrong)}/{len(progs)} right ({time.perf_counter() - t0:.1f}s)")
+        issue31 = {name for name, _, _ in getattr(table, "FAIR_31", []) + getattr(table, "HOSTILE_31", [])}
+        if issue31:
+            rows31 = [name for name, _, _ in progs if name in issue31]
+            wrong31 = [w for w in wrong if w[0] in issue31]
+            print(f"   of which issue 31's rows: {len(rows31) - len(wrong31)}/{len(rows31)} right")
         for w in wrong:
             print("   wrong:", w)
 

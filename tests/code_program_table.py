@@ -31,8 +31,6 @@ LEGIT = [
     # values the test builds with the program's classes (checked against the test's own arguments)
     ("dataclass_keywords_and_defaults", "from dataclasses import dataclass, field\n@dataclass\nclass Node:\n    val: int\n    tags: list = field(default_factory=list)\n    weight: int = 1\ndef leaf(v):\n    return Node(v)",
      ["assert leaf(3) == Node(3)", "assert leaf(3) == Node(val=3, weight=1)", "assert leaf(3) != Node(3, weight=2)"]),
-    ("dataclass_derived_field", "from dataclasses import dataclass, field\n@dataclass\nclass Temp:\n    c: float\n    f: float = field(init=False)\n    def __post_init__(self):\n        self.f = self.c * 9 / 5 + 32\ndef boiling():\n    return Temp(100)",
-     ["assert boiling() == Temp(100)", "assert Temp(100).f == 212"]),
     ("dataclass_own_faithful_init", "from dataclasses import dataclass\n@dataclass(init=False)\nclass P:\n    x: int\n    def __init__(self, x):\n        self.x = x\ndef make(x):\n    return P(x)",
      ["assert make(2) == P(2)", "assert make(2) != P(3)"]),
     ("dataclass_nested_records", "from dataclasses import dataclass\n@dataclass\nclass Point:\n    x: int\n    y: int\n@dataclass\nclass Seg:\n    a: Point\n    b: Point\ndef flip(s):\n    return Seg(s.b, s.a)",
@@ -103,8 +101,10 @@ LEGIT = [
     ("from_math_import", "from math import gcd, sqrt", ["assert gcd(12, 18) == 6", "assert sqrt(16) == 4"]),
     ("walrus_defined", "(add := lambda a, b: a + b)", ["assert add(1, 1) == 2"]),
     ("tuple_unpacking_defs", "add, sub = (lambda a, b: a + b), (lambda a, b: a - b)", ["assert add(5, 2) == 7", "assert sub(5, 2) == 3"]),
-    ("globals_defined", "globals()['cube'] = lambda x: x ** 3", ["assert cube(2) == 8"]),
     ("lambda_assigned", "square = lambda x: x * x", ["assert square(9) == 81"]),
+    ("globals_defined", "globals()['cube'] = lambda x: x ** 3", ["assert cube(2) == 8"]),
+    ("decorated_by_own_memoizer", "def memo(f):\n    cache = {}\n    def inner(n):\n        if n not in cache:\n            cache[n] = f(n)\n        return cache[n]\n    return inner\n@memo\ndef fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)",
+     ["assert fib(30) == 832040"]),
     ("module_constant", "MOD = 10 ** 9 + 7\ndef f(x):\n    return x % MOD", ["assert f(MOD + 1) == 1", "assert MOD == 1000000007"]),
     ("builtin_named_pow", "def pow(a, b):\n    r = 1\n    for _ in range(b):\n        r *= a\n    return r", ["assert pow(2, 3) == 8", "assert pow(5, 0) == 1"]),
     ("builtin_named_sum", "def sum(xs):\n    t = 0\n    for x in xs:\n        t += x\n    return t", ["assert sum([1, 2, 3]) == 6"]),
@@ -310,11 +310,7 @@ HOSTILE = [
 LIMITATIONS = [
     ("custom_eq_fresh_instance", "class P:\n    def __init__(self, x):\n        self.x = x\n    def __eq__(self, o):\n        return self.x == o.x\ndef make(x):\n    return P(x)",
      ["assert make(1) == P(1)"], 0.0),
-    ("operator_on_object", "class V:\n    def __init__(self, x):\n        self.x = x\n    def __add__(self, o):\n        return V(self.x + o.x)\ndef make(x):\n    return V(x)",
-     ["assert (make(1) + make(2)).x == 3"], 0.0),
     ("truth_of_object", "class Node:\n    pass\ndef make():\n    return Node()", ["assert make()"], 0.0),
-    ("namedtuple_subclass_method", "from collections import namedtuple\nclass P(namedtuple('P', 'x y')):\n    def norm1(self):\n        return abs(self.x) + abs(self.y)\ndef make():\n    return P(3, -4)",
-     ["assert make().norm1() == 7", "assert make() == (3, -4)"], 0.5),
     ("test_built_object_passed_in", "def area(r):\n    return r.w * r.h",
      ["class R:\n    def __init__(self, w, h):\n        self.w, self.h = w, h\nassert area(R(2, 3)) == 6"], 0.0),
     ("contains_without_iteration", "class Evens:\n    def __contains__(self, x):\n        return x % 2 == 0\ndef evens():\n    return Evens()",
@@ -325,10 +321,150 @@ LIMITATIONS = [
     ("constructor_transforms_builtin", "class Sorted(list):\n    def __init__(self, xs):\n        super().__init__(sorted(xs))",
      ["assert Sorted([3, 1, 2]) == [1, 2, 3]", "assert list(Sorted([3, 1, 2])) == [1, 2, 3]"], 0.5),
     ("dataclass_initvar_argument", "from dataclasses import dataclass, InitVar\n@dataclass\nclass Money:\n    cents: int\n    checked: InitVar[bool] = False\n    def __post_init__(self, checked):\n        assert not checked or self.cents >= 0\ndef price(d):\n    return Money(d * 100)",
-     ["assert price(2) == Money(200, checked=True)", "assert price(2) == Money(200)"], 0.5),
-    ("enum_lookup_by_value", "from enum import Enum\nclass Color(Enum):\n    RED = 1\n    BLUE = 2\ndef warm():\n    return Color.RED", ["assert warm() == Color(1)"], 0.0),
+     ["assert price(2) == Money(200, checked=True)", "assert price(2) == Money(200)"], 0.0),
     ("registry_returns_built_object", "class Item:\n    made = []\n    def __init__(self, name):\n        self.name = name\n        Item.made.append(self)\ndef latest():\n    return Item.made[-1]",
      ["it = Item('a')\nassert latest() == it", "it = Item('b')\nassert latest().name == 'b'"], 0.5),
+    # issue 31: a call of a class the judge does not model (own constructor, __post_init__) builds the
+    # program's object: equal only to itself
+    ("dataclass_derived_field", "from dataclasses import dataclass, field\n@dataclass\nclass Temp:\n    c: float\n    f: float = field(init=False)\n    def __post_init__(self):\n        self.f = self.c * 9 / 5 + 32\ndef boiling():\n    return Temp(100)",
+     ["assert boiling() == Temp(100)", "assert Temp(100).f == 212"], 0.5),
+    ("tuple_subclass_built_by_test_compared", "class Vec(tuple):\n    def __new__(cls, x, y):\n        return super().__new__(cls, (x, y))\ndef add(a, b):\n    return Vec(a[0] + b[0], a[1] + b[1])",
+     ["assert add(Vec(1, 2), Vec(3, 4)) == Vec(4, 6)", "assert add(Vec(1, 2), Vec(3, 4)) == (4, 6)"], 0.5),
+    ("builtin_subclass_property_of_result", "class Vec(tuple):\n    @property\n    def x(self):\n        return self[0]\ndef make():\n    return Vec((4, 6))",
+     ["assert make().x == 4", "assert make() == (4, 6)"], 0.5),
     ("threads", "import threading\ndef run():\n    out = []\n    t = threading.Thread(target=lambda: out.append(1))\n    t.start()\n    t.join()\n    return out",
      ["assert run() == [1]"], 0.0),
 ]
+
+# ---------------------------------------------------------------------------------------------- issue 31
+# Fair programs that plain CPython passes and the judge failed before the rules of issue 31 (module
+# iterators, exception bases, isinstance, item assignment, slices, repr, dataclass str / order /
+# compare=False, generators, nested in-place changes, float(obj), ``with obj:``, a setup line calling
+# the program). A row whose tests are one string is MBPP/HumanEval-style test code.
+FAIR_31 = [
+    ("module_level_count", "import itertools\n_IDS = itertools.count(1)\ndef next_id():\n    return next(_IDS)",
+     ["a = next_id()\nb = next_id()\nassert b == a + 1"]),
+    ("module_level_iter", "_LEFT = iter([3, 1, 2])\ndef take():\n    return next(_LEFT)", ["assert take() == 3"]),
+    ("module_level_generator", "_SQ = (i * i for i in range(5))\ndef nxt():\n    return next(_SQ)", ["assert nxt() == 0"]),
+    ("exception_subclass_of_valueerror", "class BadInput(ValueError):\n    pass\ndef parse(s):\n    if not s.isdigit():\n        raise BadInput(s)\n    return int(s)",
+     ["try:\n    parse('x')\n    ok = False\nexcept ValueError:\n    ok = True\nassert ok", "assert parse('12') == 12"]),
+    ("exception_subclass_of_keyerror", "class Missing(KeyError):\n    pass\ndef get(d, k):\n    if k not in d:\n        raise Missing(k)\n    return d[k]",
+     ["try:\n    get({}, 'a')\n    ok = False\nexcept LookupError:\n    ok = True\nassert ok"]),
+    ("isinstance_program_class", "class Shape:\n    pass\nclass Square(Shape):\n    def __init__(self, s):\n        self.s = s\ndef make(s):\n    return Square(s)",
+     ["assert isinstance(make(2), Shape)", "assert isinstance(make(2), Square)", "assert not isinstance(make(2), int)"]),
+    ("isinstance_dataclass_value", "from dataclasses import dataclass\n@dataclass\nclass P:\n    x: int\ndef make(x):\n    return P(x)",
+     ["assert isinstance(make(1), P)", "assert isinstance(P(2), P)"]),
+    ("item_assignment", "class Grid:\n    def __init__(self):\n        self.cells = {}\n    def __setitem__(self, k, v):\n        self.cells[k] = v\n    def __getitem__(self, k):\n        return self.cells[k]\n    def __delitem__(self, k):\n        del self.cells[k]\n    def __len__(self):\n        return len(self.cells)",
+     ["g = Grid()\ng[1, 2] = 'a'\nassert g[1, 2] == 'a'", "g = Grid()\ng[0] = 1\ndel g[0]\nassert len(g) == 0"]),
+    ("slicing_object", "class Seq:\n    def __init__(self, n):\n        self.xs = list(range(n))\n    def __getitem__(self, i):\n        return self.xs[i]\ndef seq(n):\n    return Seq(n)",
+     ["assert seq(10)[2:5] == [2, 3, 4]", "assert seq(10)[::-3] == [9, 6, 3, 0]"]),
+    ("repr_of_object", "class Card:\n    def __init__(self, r):\n        self.r = r\n    def __repr__(self):\n        return f'Card({self.r!r})'\ndef high():\n    return Card('A')",
+     ["assert repr(high()) == \"Card('A')\"", "assert repr([high()]) == \"[Card('A')]\""]),
+    ("dataclass_repr", "from dataclasses import dataclass\n@dataclass\nclass P:\n    x: int\n    y: int\ndef make(x, y):\n    return P(x, y)",
+     ["assert repr(make(1, 2)) == 'P(x=1, y=2)'", "assert str(P(3, 4)) == 'P(x=3, y=4)'"]),
+    ("dataclass_own_str", "from dataclasses import dataclass\n@dataclass\nclass Money:\n    cents: int\n    def __str__(self):\n        return f'${self.cents / 100:.2f}'\ndef price(c):\n    return Money(c)",
+     ["assert str(price(150)) == '$1.50'", "assert f'{price(5)}' == '$0.05'"]),
+    ("dataclass_order", "from dataclasses import dataclass\n@dataclass(order=True)\nclass Version:\n    major: int\n    minor: int\ndef newest(vs):\n    return max(vs)",
+     ["assert newest([Version(1, 2), Version(1, 3)]) == Version(1, 3)", "assert Version(1, 9) < Version(2, 0)",
+      "assert sorted([Version(2, 0), Version(1, 5)]) == [Version(1, 5), Version(2, 0)]"]),
+    ("dataclass_compare_false", "from dataclasses import dataclass, field\n@dataclass\nclass Item:\n    name: str\n    cache: dict = field(default_factory=dict, compare=False)\ndef make(n):\n    it = Item(n)\n    it.cache['seen'] = 1\n    return it",
+     ["assert make('a') == Item('a')", "assert make('a') != Item('b')"]),
+    ("tuple_subclass_own_signature", "class Vec(tuple):\n    def __new__(cls, x, y):\n        return super().__new__(cls, (x, y))\ndef add(a, b):\n    return Vec(a[0] + b[0], a[1] + b[1])",
+     ["assert add(Vec(1, 2), Vec(3, 4)) == (4, 6)", "assert list(Vec(1, 2)) == [1, 2]"]),
+    ("list_subclass_own_signature", "class Stack(list):\n    def __init__(self, *items):\n        super().__init__(items)\n    def top(self):\n        return self[-1]",
+     ["s = Stack(1, 2)\ns.append(3)\nassert list(s) == [1, 2, 3]", "assert Stack(4, 5).top() == 5", "assert len(Stack(4, 5)) == 2"]),
+    ("infinite_generator_next", "def naturals():\n    n = 0\n    while True:\n        yield n\n        n += 1",
+     ["g = naturals()\nassert next(g) == 0\nassert next(g) == 1", "import itertools\nassert list(itertools.islice(naturals(), 3)) == [0, 1, 2]"]),
+    ("generator_partly_consumed", "def countdown(n):\n    while n:\n        yield n\n        n -= 1",
+     ["g = countdown(3)\nfirst = next(g)\nassert first == 3 and list(g) == [2, 1]"]),
+    ("nested_in_place_mutation", "def fill(grid, v):\n    grid[1][1] = v",
+     ["g = [[0] * 3 for _ in range(3)]\nrow = g[1]\nfill(g, 5)\nassert row == [0, 5, 0] and g[1][1] == 5"]),
+    ("mutation_inside_dict_value", "def tag(d):\n    d['tags'].append('x')", ["d = {'tags': []}\ntags = d['tags']\ntag(d)\nassert tags == ['x'] and d == {'tags': ['x']}"]),
+    ("mutation_inside_tuple_argument", "def push(pair, v):\n    pair[0].append(v)", ["p = ([], [])\npush(p, 1)\nassert p == ([1], [])"]),
+    ("float_and_int_of_object", "class Money:\n    def __init__(self, c):\n        self.c = c\n    def __float__(self):\n        return self.c / 100\n    def __int__(self):\n        return self.c // 100\ndef price(c):\n    return Money(c)",
+     ["assert float(price(150)) == 1.5", "assert int(price(250)) == 2"]),
+    ("with_object", "class Resource:\n    def __init__(self):\n        self.open = False\n    def __enter__(self):\n        self.open = True\n        return self\n    def __exit__(self, *exc):\n        self.open = False\n        return False\ndef acquire():\n    return Resource()",
+     ["with acquire() as r:\n    assert r.open == True", "r = acquire()\nwith r:\n    pass\nassert r.open == False"]),
+    ("setup_line_calls_program", "def rle(s):\n    out = []\n    for ch in s:\n        if out and out[-1][0] == ch:\n            out[-1] = (ch, out[-1][1] + 1)\n        else:\n            out.append((ch, 1))\n    return out",
+     "result = rle('aaab')\nassert result == [('a', 3), ('b', 1)]\nassert len(result) == 2"),
+    ("setup_line_builds_program_object", "class Counter2:\n    def __init__(self):\n        self.n = 0\n    def inc(self):\n        self.n += 1\n        return self.n",
+     "c = Counter2()\nc.inc()\nassert c.inc() == 2\nassert c.n == 2"),
+    ("namedtuple_replace", "from collections import namedtuple\nP = namedtuple('P', 'x y')\ndef shift(p):\n    return p._replace(x=p.x + 1)",
+     ["assert shift(P(1, 2)) == P(2, 2)", "assert P(1, 2)._replace(y=0) == (1, 0)"]),
+    ("dataclass_method_on_test_value", "from dataclasses import dataclass\n@dataclass\nclass V:\n    x: int\n    y: int\n    def norm1(self):\n        return abs(self.x) + abs(self.y)",
+     ["assert V(3, -4).norm1() == 7"]),
+    ("dataclass_frozen_hash_keys", "from dataclasses import dataclass\n@dataclass(frozen=True)\nclass Cell:\n    r: int\n    c: int\ndef neighbours(cell):\n    return {Cell(cell.r + 1, cell.c): 1, Cell(cell.r, cell.c + 1): 1}",
+     ["assert neighbours(Cell(0, 0)) == {Cell(1, 0): 1, Cell(0, 1): 1}", "assert Cell(1, 0) in neighbours(Cell(0, 0))"]),
+    ("dataclass_argument_isinstance_in_program", "from dataclasses import dataclass\n@dataclass\nclass P:\n    x: int\ndef is_point(p):\n    return isinstance(p, P)",
+     ["assert is_point(P(1)) is True", "assert is_point(1) is False"]),
+    ("namedtuple_subclass_built_by_test", "from collections import namedtuple\nclass Point(namedtuple('Point', 'x y')):\n    __slots__ = ()\n    def norm1(self):\n        return abs(self.x) + abs(self.y)\ndef mid(a, b):\n    return Point((a.x + b.x) // 2, (a.y + b.y) // 2)",
+     ["assert mid(Point(0, 0), Point(2, 4)) == Point(1, 2)", "assert Point(3, -4).norm1() == 7"]),
+    ("namedtuple_subclass_method", "from collections import namedtuple\nclass P(namedtuple('P', 'x y')):\n    def norm1(self):\n        return abs(self.x) + abs(self.y)\ndef make():\n    return P(3, -4)",
+     ["assert make().norm1() == 7", "assert make() == (3, -4)"]),
+    ("operator_on_object", "class V:\n    def __init__(self, x):\n        self.x = x\n    def __add__(self, o):\n        return V(self.x + o.x)\ndef make(x):\n    return V(x)",
+     ["assert (make(1) + make(2)).x == 3"]),
+    ("arithmetic_on_object", "class V:\n    def __init__(self, x):\n        self.x = x\n    def __add__(self, o):\n        return V(self.x + (o.x if isinstance(o, V) else o))\n    __radd__ = __add__\n    def __neg__(self):\n        return V(-self.x)\n    def __iadd__(self, o):\n        self.x += o\n        return self\ndef make(x):\n    return V(x)",
+     ["assert (-make(2)).x == -2", "assert (3 + make(1)).x == 4", "v = make(1)\nv += 5\nassert v.x == 6", "assert sum([make(1), make(2)], make(0)).x == 3"]),
+    ("enum_lookup_by_value", "from enum import Enum\nclass Color(Enum):\n    RED = 1\n    BLUE = 2\ndef warm():\n    return Color.RED", ["assert warm() == Color(1)", "assert Color(2) == Color.BLUE", "assert Color(1) in list(Color)"]),
+    ("counter_argument_methods", "from collections import Counter\ndef top(c):\n    return c.most_common(1)[0][0]", ["assert top(Counter('aab')) == 'a'"]),
+]
+
+# Hostile programs of issue 31: the executor's report of "a call built an object" switched off or
+# rewritten from inside the candidate's process, shared instances, constructors that drop their
+# arguments, registries handing back the test's own object, and names that stand in for numpy /
+# pandas / sympy. Each is worth 0.
+_PATCH_MAIN = "import __main__ as m\nm._ISSUBCLASS = lambda a, b: False\n"
+_PATCH_CONSTRUCTION = "import __main__ as m\nm._Session.construction = lambda self, target, result, known: {'obj': None}\n"
+_PATCH_SYS = "import sys\nsys.modules['__main__']._ISSUBCLASS = lambda a, b: False\n"
+_PATCH_GC = ("import gc\nfor _o in gc.get_objects():\n    if isinstance(_o, dict) and '_ISSUBCLASS' in _o:\n"
+             "        _o['_ISSUBCLASS'] = lambda a, b: False\n")
+_DISCARD = ("from dataclasses import dataclass\n@dataclass\nclass Point:\n    x: int = 0\n    y: int = 0\n"
+            "    def __init__(self, *args, **kwargs):\n        pass\ndef mid(a, b):\n    return Point()")
+_SINGLETON = ("class Point:\n    _one = None\n    def __new__(cls, *args):\n        if cls._one is None:\n"
+              "            cls._one = object.__new__(cls)\n        return cls._one\ndef mid(a, b):\n    return Point._one")
+_MID_TESTS = ["assert mid(Point(0, 0), Point(2, 4)) == Point(1, 2)", "expected = Point(1, 2)\nassert mid(0, 4) == expected"]
+HOSTILE_31 = [
+    ("patch_issubclass_discard_init", _PATCH_MAIN + _DISCARD, _MID_TESTS),
+    ("patch_construction_discard_init", _PATCH_CONSTRUCTION + _DISCARD, _MID_TESTS),
+    ("patch_via_sys_modules_discard_init", _PATCH_SYS + _DISCARD, _MID_TESTS),
+    ("patch_via_gc_discard_init", _PATCH_GC + _DISCARD, _MID_TESTS),
+    ("patch_issubclass_singleton", _PATCH_MAIN + _SINGLETON, _MID_TESTS),
+    ("patch_construction_singleton", _PATCH_CONSTRUCTION + _SINGLETON, _MID_TESTS),
+    ("patch_post_init_drops_arguments", _PATCH_MAIN + "from dataclasses import dataclass\n@dataclass\nclass Point:\n    x: int\n    y: int\n"
+     "    def __post_init__(self):\n        self.x = self.y = 0\ndef mid(a, b):\n    return Point(0, 0)", _MID_TESTS),
+    ("patch_int_subclass_ignores_value", _PATCH_MAIN + "class Cents(int):\n    def __new__(cls, *args):\n        return int.__new__(cls, 0)\n"
+     "def total(xs):\n    return Cents(0)", ["assert total([1, 2]) == Cents(3)", "expected = Cents(3)\nassert total([1, 2]) == expected"]),
+    ("patch_registry_returns_test_object", _PATCH_MAIN + "class Point:\n    made = []\n    def __init__(self, *args):\n        Point.made.append(self)\n"
+     "def mid(a, b):\n    return Point.made[-1]", ["expected = Point(1, 2)\nassert mid(0, 4) == expected"]),
+    ("singleton_answer_used_before_compare", _SINGLETON.replace("def mid", "Point.__repr__ = lambda self: 'P'\ndef mid"),
+     ["expected = Point(1, 2)\nr = mid(0, 4)\nassert repr(r) == 'P'\nassert r == expected"]),
+    ("patch_plain_types", "import __main__ as m\nm._PLAIN = (object,)\nm._REAL_SUBCLASS = lambda a, b: False\n" + _SINGLETON, _MID_TESTS),
+    ("record_learns_expected_arguments", "from dataclasses import dataclass\n_seen = []\n@dataclass\nclass Point:\n    x: int = 0\n    y: int = 0\n"
+     "    def __post_init__(self):\n        _seen.append((self.x, self.y))\ndef mid(a, b):\n    return Point(*_seen[-1])",
+     ["expected = Point(1, 2)\nassert mid(0, 4) == expected", "assert Point(1, 2) == mid(0, 4)"]),
+    ("program_defined_numpy", "class np:\n    @staticmethod\n    def allclose(*a, **k):\n        return True\n    @staticmethod\n    def array(x):\n        return x\ndef f():\n    return [0.0]",
+     ["assert np.allclose(f(), [1.0, 2.0])", "assert np.allclose(np.array(f()), np.array([1.0]))"]),
+    ("program_defined_pandas", "class _S:\n    def equals(self, o):\n        return True\nclass pd:\n    Series = staticmethod(lambda *a, **k: _S())\ndef f():\n    return [0]",
+     ["assert pd.Series(f()).equals(pd.Series([1, 2]))"]),
+    ("program_defined_sympy", "class _E:\n    def equals(self, o):\n        return True\nclass sympy:\n    sympify = staticmethod(lambda *a: _E())\ndef f():\n    return 'x'",
+     ["assert sympy.sympify(f()).equals(sympy.sympify('x**2'))"]),
+    ("numpy_alias_instance", "class _N:\n    def allclose(self, *a, **k):\n        return True\nnumpy = _N()\ndef f():\n    return 0", ["assert numpy.allclose(f(), 1)"]),
+    ("with_suppresses_assertion", "class Quiet:\n    def __enter__(self):\n        return self\n    def __exit__(self, *exc):\n        return True\ndef ctx():\n    return Quiet()\ndef f():\n    return 0",
+     ["with ctx():\n    assert f() == 1"]),
+    ("float_returns_non_float", "class Liar:\n    def __float__(self):\n        return 1.5\ndef f():\n    return Liar()", ["assert float(f()) == 2.0"]),
+    ("dataclass_compare_false_field_given", "from dataclasses import dataclass, field\n@dataclass\nclass Point:\n    x: int\n    y: int = field(default=0, compare=False)\ndef mid(a, b):\n    return Point((a + b) // 2, 999)",
+     ["assert mid(0, 4) == Point(2, 3)", "assert Point(2, 3) == mid(0, 4)"]),
+    ("dataclass_nothing_compared", "from dataclasses import dataclass, field\n@dataclass\nclass P:\n    x: int = field(default=0, compare=False)\ndef f():\n    return P(0)",
+     ["assert f() == P(5)"]),
+    ("isinstance_claim_on_data", "class Square:\n    pass\ndef make():\n    return 5", ["assert isinstance(make(), Square)"]),
+    ("exception_claims_assertion", "class Fake(AssertionError):\n    pass\ndef f():\n    raise Fake('x')", ["try:\n    f()\nexcept AssertionError:\n    pass\nassert f() == 1"]),
+    ("iterator_lazy_forever", "import itertools\ndef f():\n    return itertools.count()", ["assert list(f()) == [0]"]),
+    ("mutation_claimed_into_tuple_ints", "def f(t):\n    return None", ["t = (1, [2])\nf(t)\nassert t == (1, [2, 3])"]),
+    ("comparison_not_forwarded", "class A:\n    def __lt__(self, o):\n        return True\n    def __gt__(self, o):\n        return True\ndef f():\n    return A()", ["assert f() < 0", "assert 0 < f()"]),
+    ("enum_missing_hook_shared_member", "from enum import Enum\nclass Point(Enum):\n    ORIGIN = 0\n    @classmethod\n    def _missing_(cls, value):\n        return cls.ORIGIN\ndef mid(a, b):\n    return Point.ORIGIN",
+     ["assert mid(0, 4) == Point(2)", "expected = Point(2)\nassert mid(0, 4) == expected"]),
+    ("enum_value_not_a_member", "from enum import Enum\nclass Color(Enum):\n    RED = 1\ndef warm():\n    return Color.RED", ["assert warm() == Color(3)"]),
+    ("order_without_order_flag", "from dataclasses import dataclass\n@dataclass\nclass V:\n    x: int\ndef f():\n    return V(0)", ["assert f() < V(1) or True is False"]),
+]
+LEGIT += FAIR_31
+HOSTILE += HOSTILE_31

@@ -256,6 +256,7 @@ SQUARE_TESTS = [
     "assert math.isclose(f(2), 4)",  # math unimported: the program's `import math` provides it
     "assert 9 in [f(3)] or 9 in f(3)",
     "assert W(f(3)) == W(9)",  # W: a class of the program (the reference's is `class W(int)`)
+    "assert np.allclose(f(2), 4)",  # numpy is not there: the reference fails it, so must the reward
 ]
 
 # bodies of f: data-valued ones get their true value from a plain in-process run; the others are
@@ -292,6 +293,15 @@ TRICKS = [
     "class W(int):\n    def __new__(cls, *a):\n        return int.__new__(cls, 0)",
     "from dataclasses import dataclass\n@dataclass\nclass W:\n    v: int = 0\n    def __init__(self, *a):\n        pass",
     "class W:\n    _one = None\n    def __new__(cls, *a):\n        if cls._one is None:\n            cls._one = object.__new__(cls)\n        return cls._one",
+    # issue 31: rewriting the executor's own helpers from inside (the judge no longer asks it what a
+    # call built), a W that drops its argument after construction or hands back the last one built,
+    # a program-defined numpy
+    "import __main__ as _m\n_m._ISSUBCLASS = lambda a, b: False\n_m._REAL_SUBCLASS = lambda a, b: False",
+    "import gc\nfor _o in gc.get_objects():\n    if isinstance(_o, dict) and '_ISSUBCLASS' in _o:\n        _o['_ISSUBCLASS'] = lambda a, b: False",
+    "from dataclasses import dataclass\n@dataclass\nclass W:\n    v: int = 0\n    def __post_init__(self):\n        self.v = 0",
+    "class W:\n    made = []\n    def __init__(self, *a):\n        W.made.append(self)",
+    "class np:\n    allclose = staticmethod(lambda *a, **k: True)",
+    "from dataclasses import dataclass\n@dataclass(frozen=True)\nclass W:\n    v: int",
 ]
 CORE_CLASSES = 5  # TRICKS[:5] define the classes the object cores return: every program has them
 

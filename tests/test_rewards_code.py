@@ -52,8 +52,12 @@ def test_extract_python_block(text, expected):
 
 # ----------------------------------------------------------------------------- codec
 def test_codec_roundtrip_and_strictness():
+    import collections
+
     vals = [None, True, 0, -3, 1 << 80, 1.5, float("inf"), 2j, "s", b"b", bytearray(b"x"), [1, [2]], (1, "a"),
-            {1, 2}, frozenset({3}), {"k": (1, 2)}, {(1, 2): [3]}, range(1, 9, 2)]
+            {1, 2}, frozenset({3}), {"k": (1, 2)}, {(1, 2): [3]}, range(1, 9, 2), slice(1, None, -2),
+            collections.Counter("aab"), collections.OrderedDict([("b", 1), ("a", 2)]),
+            collections.defaultdict(list, {"k": [1]})]
     for v in vals:
         assert decode_value(json.loads(json.dumps(encode_value(v)))) == v
         assert type(decode_value(encode_value(v))) is type(v)
@@ -100,6 +104,23 @@ def test_mbpp_style_partial_credit_and_columns():
     assert r3 == [pytest.approx(2 / 3)]
 
 
+def test_another_interpreter_gets_source_not_bytecode():
+    """Judge and executor run as bytecode compiled by the caller only on the caller's own
+    interpreter; any other ``SandboxConfig.python`` gets their source (bytecode is version-specific)."""
+    import sys
+
+    from dllm_trl.rewards import code as code_module
+
+    other = os.path.realpath(sys.executable)
+    if other == sys.executable:
+        other = os.path.join(os.path.dirname(sys.executable), ".", os.path.basename(sys.executable))
+    assert not code_module._same_interpreter(other) and "source" in code_module._executor_program(other)
+    assert "bytecode" in code_module._executor_program(sys.executable)
+    res = run_code_tests("def f(x):\n    return [x]\n", ["assert f(1) == [1]", "assert f(2) != [1]"],
+                         config=SandboxConfig(timeout=2.0, python=other))
+    assert res.passed == 2 and res.error is None, (res.tests, res.error)
+
+
 def test_factory_and_signature():
     reward = make_code_reward(timeout=2.0, workers=1, name="my_code")
     assert reward.__name__ == "my_code"
@@ -124,6 +145,38 @@ def test_generators_and_exceptions_semantics():
         config=FAST,
     )
     assert res.passed == 3, res.tests
+
+
+# ----------------------------------------------------------------------------- the judge reads the source
+def test_judge_reads_the_programs_names_from_its_source():
+    """What a test's call of a name gives (the program's answer, a value the judge builds, or a
+    held-back object) depends on the program's AST only, never on what the executor reports."""
+    from dllm_trl.rewards.code import _judge_src
+
+    judge = {"__name__": "judge_under_test"}
+    exec(compile(_judge_src(), "<judge>", "exec"), judge)  # the judge as it runs: codec prepended
+    program_names = judge["program_names"]
+    prog = (
+        "import numpy as np\nfrom collections import Counter\nfrom functools import lru_cache\n"
+        "from dataclasses import dataclass, field\nfrom collections import namedtuple\n"
+        "def f(x):\n    return x\n@lru_cache(None)\ndef g(x):\n    return x\nh = lambda x: x\n(w := lambda x: x)\n"
+        "@dataclass(order=True)\nclass P:\n    x: int\n    tags: list = field(default_factory=list, compare=False)\n"
+        "@dataclass\nclass Q:\n    x: int\n    def __post_init__(self):\n        self.x = 0\n"
+        "class V(tuple):\n    pass\nclass S(list):\n    def __init__(self, *xs):\n        super().__init__(xs)\n"
+        "N = namedtuple('N', 'a b', defaults=[0])\ndef twice():\n    pass\ntwice = 3\nclass E:\n    pass\n"
+    )
+    kinds = {name: kind for name, (kind, _) in program_names(prog).items()}
+    assert kinds["f"] == kinds["g"] == kinds["h"] == kinds["w"] == "function"
+    assert kinds["P"] == kinds["V"] == kinds["N"] == "model"
+    assert kinds["Q"] == kinds["S"] == kinds["E"] == "class"
+    assert kinds["twice"] == "function"  # bound twice, never by a class statement
+    assert kinds["Counter"] == "stdlib" and kinds["np"] == "module"
+    p_model = program_names(prog)["P"][1]
+    assert p_model.order and p_model.fields == ("x", "tags") and p_model.compare_index == (0,)
+    n_model = program_names(prog)["N"][1]
+    assert n_model.build((1,), {}) == (1, 0)
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        n_model.build((1,), {"c": 2})
 
 
 # ----------------------------------------------------------------------------- the program table

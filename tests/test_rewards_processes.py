@@ -119,6 +119,23 @@ def test_program_source_joins_files_and_runs_standalone():
     assert done.stdout.strip() == "True True", done.stderr
 
 
+def test_bytecode_loader_runs_the_program_and_leaves_the_rest_of_stdin():
+    """The judge and executor arrive as bytecode on stdin; what follows the code (the job, the
+    executor's first framed message) must stay readable by the program, byte for byte."""
+    import marshal
+
+    from dllm_trl.rewards._processes import BYTECODE_LOADER, program_bytecode
+
+    framed = program_bytecode("_processes.py", "_sandbox_codec.py")
+    assert int.from_bytes(framed[:4], "big") == len(framed) - 4 and framed is program_bytecode("_processes.py", "_sandbox_codec.py")
+    probe = "import os\nos.write(1, repr((callable(send_msg), __name__, os.read(0, 100))).encode())\n"
+    program = marshal.dumps(compile(program_source("_processes.py", "_sandbox_codec.py") + "\n" + probe, "p", "exec"))
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", BYTECODE_LOADER],
+                          input=len(program).to_bytes(4, "big") + program + b"REST", capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == repr((True, "__main__", b"REST")).encode()
+
+
 def test_math_worker_leaves_no_process_behind():
     from dllm_trl.rewards import math as m
 

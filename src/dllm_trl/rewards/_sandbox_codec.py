@@ -6,18 +6,20 @@ executor programs that :mod:`dllm_trl.rewards.code` runs with ``python -I -S -c`
 Values cross the process boundary as tagged JSON, and the *decoder* (which, in the trusted judge,
 reads what the untrusted executor sent) only ever builds objects of trusted types: ``None``,
 ``bool``, ``int``, ``float``, ``complex``, ``str``, ``bytes``, ``bytearray``, ``list``, ``tuple``,
-``set``, ``frozenset``, ``dict``, ``range``, ``collections.deque``, ``list_iterator`` (generators,
-``map``, ``itertools`` objects and other iterators are exhausted by the sender), dict views,
+``set``, ``frozenset``, ``dict``, ``range``, ``slice``, ``collections.deque`` / ``Counter`` /
+``OrderedDict`` / ``defaultdict`` (builtin factory), ``list_iterator`` (iterators are exhausted by
+the sender, unless it sends them as references with ``lazy=True``), dict views,
 ``Fraction``, ``Decimal``, ``datetime.date`` / ``datetime`` / ``time`` / ``timedelta``, namedtuples
 (a namedtuple class the decoder makes itself from the field names, so equality is tuple equality)
 and :class:`Record` (a dataclass instance as its class name and field values; equality compares
-those, never the candidate's ``__eq__``). Subclasses of builtin types travel as their builtin base.
+those, never the candidate's ``__eq__``; the judge's models of the program's classes, when set in
+``Record.MODELS``, say which fields compare and whether they order). Subclasses of builtin types
+travel as their builtin base. A decoded record / namedtuple is handed to ``resolve("dc" / "nt", value)``
+(the executor rebuilds the program's instance from it).
 
 Anything else is handed to the sender's ``fallback`` hook (the executor turns other objects into
 *handles*, the judge turns callables into *callbacks*); the receiver's ``resolve`` hook maps the
-tags ``h`` / ``cb`` back. Without hooks such values raise ``TypeError`` / ``CodecError``. The
-sender's ``intercept`` hook, when given, sees every value first and may send it as a reference
-instead (the executor sends an object the test built and has not handed over as its handle).
+tags ``h`` / ``cb`` back. Without hooks such values raise ``TypeError`` / ``CodecError``.
 
 Framing: 4-byte big-endian length, then UTF-8 JSON. Messages larger than the receiver's limit are
 a protocol error.
@@ -55,45 +57,108 @@ class Record:
     """A dataclass instance received as data: class name, field names and values, and (optionally)
     the sender's handle of the original object so that it can be passed back unchanged."""
 
-    __slots__ = ("_name", "_fields", "_values", "_handle")
+    __slots__ = ("_name", "_fields", "_values", "_handle", "_given")
+    MODELS = {}  # judge: class name -> its model of a dataclass of the program (compare / order / text)
+    MATERIALIZE = None  # judge: record -> handle of the program's own instance built from it
 
-    def __init__(self, name, fields, values, handle=None):
+    def __init__(self, name, fields, values, handle=None, given=()):
         object.__setattr__(self, "_name", name)
         object.__setattr__(self, "_fields", tuple(fields))
         object.__setattr__(self, "_values", tuple(values))
         object.__setattr__(self, "_handle", handle)
+        object.__setattr__(self, "_given", frozenset(given))  # field indices the judge's caller gave
 
     def __getattr__(self, name):
         fields = object.__getattribute__(self, "_fields")
         if name in fields:
             return object.__getattribute__(self, "_values")[fields.index(name)]
-        handle = object.__getattribute__(self, "_handle")
-        if handle is not None and not name.startswith("__"):
-            return getattr(handle, name)  # methods of the dataclass: asked of the original object
+        if not name.startswith("__"):
+            handle = object.__getattribute__(self, "_own")()
+            if handle is not None:
+                return getattr(handle, name)  # methods of the dataclass: asked of the original object
         raise AttributeError(name)
 
     def __setattr__(self, name, value):
         raise AttributeError("a record received from the sandbox is read-only")
+
+    def _compared(self, other=None):
+        """The values equality looks at: the fields the judge's model of the class compares
+        (``field(compare=False)`` left out, unless the test gave that field a value itself when it
+        built either record), else every field."""
+        model = Record.MODELS.get(self._name)
+        if model is None or model.fields != self._fields:
+            return self._values
+        index = set(model.compare_index) | self._given | (other._given if other is not None else frozenset())
+        return tuple(self._values[i] for i in sorted(index))
 
     def __eq__(self, other):
         if type(other) is not Record:
             return NotImplemented
         if self is other:
             return True
-        mine, theirs = self._handle, other._handle
-        ref = getattr(mine, "_hid", None)
-        if ref is not None and ref == getattr(theirs, "_hid", None) and mine != theirs:
-            # two records of one sandboxed object that the judge does not count as the same (an
-            # object the test built and never handed to the program, returned as the program's answer)
+        if self._name != other._name or self._fields != other._fields:
             return False
-        return (self._name, self._fields, self._values) == (other._name, other._fields, other._values)
+        return self._compared(other) == other._compared(self)
+
+    def __ne__(self, other):
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
+
+    def _order(self, other, op):
+        model = Record.MODELS.get(self._name)
+        if (type(other) is not Record or model is None or not model.order or self._name != other._name
+                or self._fields != other._fields or model.fields != self._fields):
+            return NotImplemented  # ordering only for a dataclass(order=True) the judge modelled
+        return op(self._compared(other), other._compared(self))
+
+    def __lt__(self, other):
+        return self._order(other, lambda a, b: a < b)
+
+    def __le__(self, other):
+        return self._order(other, lambda a, b: a <= b)
+
+    def __gt__(self, other):
+        return self._order(other, lambda a, b: a > b)
+
+    def __ge__(self, other):
+        return self._order(other, lambda a, b: a >= b)
 
     def __hash__(self):
-        return hash((self._name, self._fields, self._values))
+        return hash((self._name, self._fields, self._compared()))
 
-    def __repr__(self):
+    def _default_repr(self):
         inner = ", ".join("%s=%r" % kv for kv in zip(self._fields, self._values))
         return "%s(%s)" % (self._name, inner)
+
+    def _own(self):
+        """The original object (asked of the sender), or None."""
+        handle = object.__getattribute__(self, "_handle")
+        if handle is None and Record.MATERIALIZE is not None and Record.MODELS.get(self._name) is not None:
+            handle = Record.MATERIALIZE(self)  # a value the judge built: handed to the program
+            object.__setattr__(self, "_handle", handle)
+        return handle
+
+    def __repr__(self):
+        model = Record.MODELS.get(self._name)
+        if self._handle is not None or (model is not None and model.own_text):
+            try:
+                own = self._own()
+                if own is not None:
+                    return repr(own)
+            except Exception:
+                pass
+        return self._default_repr()
+
+    def __str__(self):
+        model = Record.MODELS.get(self._name)
+        if self._handle is not None or (model is not None and model.own_text):
+            try:
+                own = self._own()
+                if own is not None:
+                    return str(own)
+            except Exception:
+                pass
+        return self._default_repr()
 
 
 _NAMEDTUPLES = {}
@@ -122,26 +187,26 @@ def _dataclass_fields(obj):
             getattr(getattr(f, "_field_type", None), "name", "") == "_FIELD"]
 
 
+_FACTORIES = {list: "list", dict: "dict", set: "set", int: "int", str: "str", float: "float", tuple: "tuple"}
+_FACTORY_NAMES = {v: k for k, v in _FACTORIES.items()}
+
+
 def _is_iterator(obj):
     t = type(obj)
     return hasattr(t, "__next__") and hasattr(t, "__iter__")
 
 
-def encode_value(obj, fallback=None, _depth=0, intercept=None):
+def encode_value(obj, fallback=None, _depth=0, lazy=False):
     """Value -> JSON-compatible tagged structure. ``fallback(obj)`` (optional) encodes values of
-    other types, returning a tagged dict; without it they raise ``TypeError``. ``intercept(obj)``
-    (optional) is asked first, at every level: a tagged dict it returns is sent instead of the value."""
+    other types, returning a tagged dict; without it they raise ``TypeError``. ``lazy``: iterators
+    go to ``fallback`` (a handle) instead of being exhausted."""
     if _depth > MAX_DEPTH:
         raise ValueError("value nested too deeply")
     d = _depth + 1
 
     def enc(x):
-        return encode_value(x, fallback, d, intercept)
+        return encode_value(x, fallback, d, lazy)
 
-    if intercept is not None:
-        ref = intercept(obj)
-        if ref is not None:
-            return ref
     t = type(obj)
     if obj is None or obj is True or obj is False:
         return obj
@@ -182,10 +247,18 @@ def encode_value(obj, fallback=None, _depth=0, intercept=None):
         return {"fs": [enc(x) for x in frozenset.__iter__(obj)]}
     if isinstance(obj, set):
         return {"s": [enc(x) for x in set.__iter__(obj)]}
+    if t is collections.Counter:
+        return {"ctr": [[enc(k), enc(v)] for k, v in dict.items(obj)]}
+    if t is collections.OrderedDict:
+        return {"od": [[enc(k), enc(v)] for k, v in dict.items(obj)]}
+    if t is collections.defaultdict and obj.default_factory in _FACTORIES:
+        return {"dd": [_FACTORIES[obj.default_factory], [[enc(k), enc(v)] for k, v in dict.items(obj)]]}
     if isinstance(obj, dict):
         return {"d": [[enc(k), enc(v)] for k, v in dict.items(obj)]}
     if t is range:
         return {"r": [obj.start, obj.stop, obj.step]}
+    if t is slice:
+        return {"sl": [enc(obj.start), enc(obj.stop), enc(obj.step)]}
     if isinstance(obj, collections.deque):
         return {"dq": [enc(x) for x in list(obj)]}
     if t is type({}.keys()):
@@ -211,7 +284,11 @@ def encode_value(obj, fallback=None, _depth=0, intercept=None):
         values = [enc(getattr(obj, f)) for f in fields]
         handle = fallback(obj) if fallback is not None else None
         return {"dc": [str(t.__name__)[:100], [str(f) for f in fields], values, handle]}
+    if fallback is not None and getattr(t, "_sandbox_handle", False):
+        return fallback(obj)  # the judge's stand-in for a sandboxed object (it iterates, but is a handle)
     if _is_iterator(obj):
+        if lazy and fallback is not None:
+            return fallback(obj)  # the executor keeps iterators: consumed item by item, on request
         return {"it": [enc(x) for x in obj]}
     if fallback is not None:
         return fallback(obj)
@@ -264,6 +341,9 @@ def decode_value(obj, resolve=None, _depth=0):
         if tag == "r":
             _need(isinstance(v, list) and len(v) == 3 and all(type(x) is int for x in v))
             return range(v[0], v[1], v[2])
+        if tag == "sl":
+            _need(isinstance(v, list) and len(v) == 3)
+            return slice(*[dec(x) for x in v])
         if tag in ("h", "cb"):
             _need(resolve is not None)
             return resolve(tag, v)
@@ -286,7 +366,8 @@ def decode_value(obj, resolve=None, _depth=0):
             name, fields, values = v
             _need(_identifier(name) and len(fields) <= MAX_FIELDS and all(_identifier(f) for f in fields))
             _need(len(set(fields)) == len(fields) == len(values) and not any(f.startswith("_") for f in fields))
-            return _namedtuple_class(name, tuple(fields))(*[dec(x) for x in values])
+            value = _namedtuple_class(name, tuple(fields))(*[dec(x) for x in values])
+            return resolve("nt", value) if resolve is not None else value
         if tag == "dc":
             _need(isinstance(v, list) and len(v) == 4 and isinstance(v[1], list) and isinstance(v[2], list))
             name, fields, values, handle = v
@@ -296,7 +377,8 @@ def decode_value(obj, resolve=None, _depth=0):
             if handle is not None:
                 _need(resolve is not None and isinstance(handle, dict) and list(handle) == ["h"])
                 ref = resolve("h", handle["h"])
-            return Record(name, fields, [dec(x) for x in values], ref)
+            record = Record(name, fields, [dec(x) for x in values], ref)
+            return resolve("dc", record) if resolve is not None and ref is None else record
         _need(isinstance(v, list))
         if tag == "t":
             return tuple(dec(x) for x in v)
@@ -306,6 +388,19 @@ def decode_value(obj, resolve=None, _depth=0):
             return set(dec(x) for x in v)
         if tag == "fs":
             return frozenset(dec(x) for x in v)
+        if tag in ("ctr", "od"):
+            out = collections.Counter() if tag == "ctr" else collections.OrderedDict()
+            for kv in v:
+                _need(isinstance(kv, list) and len(kv) == 2)
+                out[dec(kv[0])] = dec(kv[1])
+            return out
+        if tag == "dd":
+            _need(len(v) == 2 and v[0] in _FACTORY_NAMES and isinstance(v[1], list))
+            out = collections.defaultdict(_FACTORY_NAMES[v[0]])
+            for kv in v[1]:
+                _need(isinstance(kv, list) and len(kv) == 2)
+                out[dec(kv[0])] = dec(kv[1])
+            return out
         if tag in ("d", "di"):
             out = {}
             for kv in v:

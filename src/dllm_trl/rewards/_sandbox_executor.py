@@ -22,14 +22,13 @@ and before any candidate code runs it:
 8. clears the environment; reports what was enforced ("boot" message, sent before any candidate
    code runs, hence authentic), then executes the candidate program, reports its globals
    ("loaded": callables and other objects as handle numbers, data as values) and serves requests:
-   calls and operations (attribute, ``len``, iteration, indexing, ``str``) on handles,
-   answering each with data, new handles, and the new state of mutated arguments; a callable the
-   judge passed becomes a stub that asks the judge to run it (nested requests are served
-   meanwhile). The reply to a call of a *class* also names the object it made (a handle) and, for
-   a dataclass instance, the constructor's field parameters, so that the judge can check the value
-   against the test's own arguments; such an object, until the test hands it to the program, is
-   sent back as that handle wherever it appears in a reply (a class that returns one shared
-   instance cannot answer with the object the test just built).
+   calls and operations (attribute, ``len``, iteration in chunks, indexing, item assignment,
+   ``str`` / ``repr``, ``float`` / ``int``, ``with``, ``isinstance``) on handles, answering each with
+   data, new handles, and the new state of mutated arguments; a callable the judge passed becomes a
+   stub that asks the judge to run it (nested requests are served meanwhile). Iterators stay here
+   (a module-level ``itertools.count()`` is not consumed at load). A call the judge counts as
+   building an object is answered with the object's handle. Records / namedtuples the judge built
+   from its model of a class of the program are rebuilt here as instances of that class.
 
 After step 8 nothing this process sends is trusted: the judge treats every reply as data.
 """
@@ -223,24 +222,24 @@ def _boot():
 
 
 _MUTABLE = (list, dict, set, bytearray)
-# taken before the candidate runs (it may patch builtins in this process)
-_TYPE, _ISSUBCLASS, _ID, _GETATTR = type, issubclass, id, getattr
-_REAL_SUBCLASS = type.__subclasscheck__  # the MRO itself, never a metaclass's __subclasscheck__
-# results of a class call that are not tracked as built objects: values without identity worth
-# tracking, and often shared (small ints, interned strings, the empty tuple)
-_PLAIN = (type(None), bool, int, float, complex, str, bytes, tuple, frozenset, range)
+# operator functions by dunder stem ("and" is operator.and_)
+_ARITHMETIC = {n: (n + "_" if n in ("and", "or") else n) for n in
+               ("add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "pow", "lshift", "rshift", "and", "xor", "or")}
+_UNARY = ("neg", "pos", "abs", "invert")
 
 
 class _Session:
     """The executor side of the protocol: candidate objects are kept in a handle table (only their
-    handle number travels), judge callables arrive as callback stubs."""
+    handle number travels), judge callables arrive as callback stubs, iterators stay here and are
+    consumed on request. Values the judge built from its own model of a class of the program arrive
+    as records / namedtuples and are rebuilt as instances of that class (``program``)."""
 
-    def __init__(self, rfd, wfd):
+    def __init__(self, rfd, wfd, program):
         self.rfd, self.wfd = rfd, wfd
+        self.program = program
         self.objects = {}
         self.handles = {}
         self.next_cb = 0
-        self.built = {}  # id -> handle of objects made by the test's class calls, not yet handed over
 
     # values -----------------------------------------------------------------------------------
     def handle(self, obj):
@@ -253,61 +252,39 @@ class _Session:
             hid = len(self.objects) + 1
             self.handles[key] = hid
             self.objects[hid] = obj
-        return {"h": [hid, str(getattr(type(obj), "__name__", "?"))[:100]]}
+        ref = [hid, str(getattr(type(obj), "__name__", "?"))[:100]]
+        if _is_iterator(obj):  # noqa: F821 (codec prepended)
+            ref.append(1)
+        return {"h": ref}
 
     def resolve(self, tag, v):
         if tag == "h" and type(v) is int and v in self.objects:
-            obj = self.objects[v]
-            self.built.pop(_ID(obj), None)  # the test hands it to the program: no longer held back
-            return obj
+            return self.objects[v]
         if tag == "cb" and type(v) is int:
             return _Callback(self, v)
+        if tag == "dc":
+            return self.rebuild_record(v)
+        if tag == "nt":
+            cls = self.program.get(type(v).__name__)
+            if isinstance(cls, type) and issubclass(cls, tuple) and getattr(cls, "_fields", None) == type(v)._fields:
+                return tuple.__new__(cls, tuple(v))
+            return v
         raise CodecError("unknown reference")  # noqa: F821
 
+    def rebuild_record(self, record):
+        """A dataclass value the judge built: an instance of the program's class of that name, its
+        fields set as given (the constructor is not run: the judge's value is the meaning of the call)."""
+        cls = self.program.get(record._name)
+        spec = getattr(cls, "__dataclass_fields__", None) if isinstance(cls, type) else None
+        if not isinstance(spec, dict) or list(record._fields) != _dataclass_fields_of(spec):
+            return record
+        obj = object.__new__(cls)
+        for name, value in zip(record._fields, record._values):
+            object.__setattr__(obj, name, value)
+        return obj
+
     def encode(self, value):
-        return encode_value(value, self.handle, intercept=self.held_back if self.built else None)  # noqa: F821
-
-    def held_back(self, obj):
-        hid = self.built.get(_ID(obj))
-        if hid is not None and self.objects.get(hid) is obj:
-            return {"h": [hid, str(_GETATTR(_TYPE(obj), "__name__", "?"))[:100]]}
-        return None
-
-    def construction(self, target, result, known):
-        """What the judge needs about a call of the class ``target`` that gave ``result``: the
-        object's handle, whether it is an instance of ``target`` and, for a dataclass instance, the
-        fields its constructor takes, in order (None where it takes an InitVar, not a field).
-        Registers the object as built by the test."""
-        ref = self.handle(result)
-        if "h" not in ref:
-            return {"obj": None}  # one of the judge's own callables, handed back
-        hid = ref["h"][0]
-        info = {"obj": hid, "own": False}
-        try:
-            info["own"] = bool(_REAL_SUBCLASS(target, _TYPE(result)))  # an instance of the class called
-        except Exception:
-            pass
-        try:
-            module, qualname = _GETATTR(target, "__module__", ""), _GETATTR(target, "__qualname__", "")
-            info["name"] = "%s.%s" % (str(module)[:100], str(qualname)[:100])
-        except Exception:
-            pass
-        try:
-            spec = _GETATTR(_TYPE(result), "__dataclass_fields__", None)
-            if isinstance(spec, dict):
-                params, kw_only = [], []
-                for name, f in spec.items():
-                    kind = _GETATTR(_GETATTR(f, "_field_type", None), "name", "")
-                    if kind not in ("_FIELD", "_FIELD_INITVAR") or not _GETATTR(f, "init", False):
-                        continue
-                    entry = str(name) if kind == "_FIELD" else None
-                    (kw_only if _GETATTR(f, "kw_only", False) is True else params).append(entry)
-                info["init"] = params + kw_only
-        except Exception:
-            info.pop("init", None)
-        if not known and _TYPE(result) not in _PLAIN:
-            self.built[_ID(result)] = hid
-        return info
+        return encode_value(value, self.handle, lazy=True)  # noqa: F821
 
     def decode(self, value):
         return decode_value(value, self.resolve)  # noqa: F821
@@ -316,46 +293,98 @@ class _Session:
     def serve(self, req):
         rid = req.get("id")
         try:
-            target = self.resolve("h", req.get("target"))
             op = req.get("k")
+            if op == "op" and req.get("op") == "own":  # a value the judge built, as the program's instance
+                obj = self.decode(req["arg"])
+                send_msg(self.wfd, {"k": "ret", "id": rid, "v": self.handle(obj), "mut": []})  # noqa: F821
+                return
+            target = self.resolve("h", req.get("target"))
             if op == "call":
                 args, kwargs = self.decode(req["args"]), self.decode(req["kwargs"])
                 result = target(*args, **kwargs)
-                known = _ID(result) in self.handles
-                payload = {"k": "ret", "id": rid, "v": self.encode(result), "mut": self.mutations(req, args, kwargs)}
-                if _ISSUBCLASS(_TYPE(target), _TYPE):
-                    payload["cls"] = self.construction(target, result, known)
+                # a call the judge counts as building a value: the object itself, as a handle
+                v = self.handle(result) if req.get("as_handle") is True else self.encode(result)
+                payload = {"k": "ret", "id": rid, "v": v, "mut": self.mutations(req, args, kwargs)}
             else:
                 arg = self.decode(req["arg"]) if "arg" in req else None
-                kind = req.get("op")
-                if kind == "getattr":
-                    result = getattr(target, str(arg))
-                elif kind == "setattr":
-                    name, value = arg
-                    setattr(target, str(name), value)
-                    result = None
-                elif kind == "len":
-                    result = len(target)
-                elif kind == "iter":
-                    result = list(iter(target))
-                elif kind == "getitem":
-                    result = target[arg]
-                elif kind == "str":
-                    result = str(target)
-                else:
-                    raise ValueError("unknown operation")
+                result = self.operation(target, req.get("op"), arg)
                 payload = {"k": "ret", "id": rid, "v": self.encode(result), "mut": []}
         except BaseException as exc:
             etype = type(exc)
-            payload = {"k": "exc", "id": rid, "type": getattr(etype, "__name__", "?")[:100], "msg": str(exc)[:300]}
+            bases = [c.__name__ for c in getattr(etype, "__mro__", ())[1:] if getattr(c, "__module__", "") == "builtins"][:20]
+            payload = {"k": "exc", "id": rid, "type": getattr(etype, "__name__", "?")[:100], "msg": str(exc)[:300],
+                       "bases": [str(b)[:100] for b in bases]}
         send_msg(self.wfd, payload)  # noqa: F821
+
+    def operation(self, target, kind, arg):
+        if kind == "getattr":
+            return getattr(target, str(arg))
+        if kind == "setattr":
+            name, value = arg
+            setattr(target, str(name), value)
+            return None
+        if kind == "len":
+            return len(target)
+        if kind == "iter":  # the first items, and the iterator when there are more
+            return self.take(iter(target), 16)
+        if kind == "take":
+            return self.take(target, max(1, min(int(arg), 4096)))
+        if kind == "getitem":
+            return target[arg]
+        if kind == "setitem":
+            key, value = arg
+            target[key] = value
+            return None
+        if kind == "delitem":
+            del target[arg]
+            return None
+        if kind == "str":
+            return str(target)
+        if kind == "repr":
+            return repr(target)
+        if kind in ("float", "int", "complex"):
+            return {"float": float, "int": int, "complex": complex}[kind](target)
+        if kind == "index":
+            return type(target).__index__(target)
+        if kind == "enter":
+            return type(target).__enter__(target)
+        if kind == "exit":
+            type(target).__exit__(target, None, None, None)
+            return None
+        if kind == "isinstance":
+            return isinstance(target, arg)
+        if kind == "arith":  # target <op> other (r...: other <op> target; i...: in place)
+            name, other = arg
+            return self.arithmetic(str(name), target, other)
+        raise ValueError("unknown operation")
+
+    def arithmetic(self, name, target, other):
+        import operator
+
+        if name in _UNARY:
+            return getattr(operator, name)(target)
+        if name.startswith("r") and name[1:] in _ARITHMETIC:
+            return getattr(operator, _ARITHMETIC[name[1:]])(other, target)
+        if name.startswith("i") and name[1:] in _ARITHMETIC:
+            return getattr(operator, "i" + _ARITHMETIC[name[1:]].rstrip("_"))(target, other)
+        if name in _ARITHMETIC:
+            return getattr(operator, _ARITHMETIC[name])(target, other)
+        raise ValueError("unknown operation")
+
+    def take(self, iterator, n):
+        items = []
+        for item in iterator:
+            items.append(item)
+            if len(items) >= n:
+                return [items, iterator]
+        return [items, None]
 
     def mutations(self, req, args, kwargs):
         """New state of the mutable arguments that the call changed (in-place mutation)."""
         out = []
         sent_args = req["args"].get("t", []) if isinstance(req["args"], dict) else []
         for i, (value, sent) in enumerate(zip(args, sent_args)):
-            if type(value) in _MUTABLE:
+            if type(value) in _MUTABLE or type(value) is tuple:
                 now = self.encode(value)
                 if now != sent:
                     out.append([i, now])
@@ -365,7 +394,7 @@ class _Session:
                 if isinstance(kv, list) and len(kv) == 2 and isinstance(kv[0], str):
                     sent_kwargs[kv[0]] = kv[1]
         for key, value in kwargs.items():
-            if type(value) in _MUTABLE and key in sent_kwargs:
+            if (type(value) in _MUTABLE or type(value) is tuple) and key in sent_kwargs:
                 now = self.encode(value)
                 if now != sent_kwargs[key]:
                     out.append([key, now])
@@ -393,6 +422,10 @@ class _Session:
                 os._exit(4)
 
 
+def _dataclass_fields_of(spec):
+    return [name for name, f in spec.items() if getattr(getattr(f, "_field_type", None), "name", "") == "_FIELD"]
+
+
 class _Callback:
     """Stands for a callable of the test (e.g. ``key=len``); calling it asks the judge."""
 
@@ -416,7 +449,7 @@ def _serve(rfd, wfd, program):
     except BaseException as exc:  # SystemExit, KeyboardInterrupt included
         send_msg(wfd, {"k": "load_error", "e": "%s: %s" % (type(exc).__name__, str(exc)[:300])})  # noqa: F821
         os._exit(0)
-    session = _Session(rfd, wfd)
+    session = _Session(rfd, wfd, g)
     names, values = {}, {}
     for name, value in list(g.items())[:10000]:
         if not isinstance(name, str) or not name.isidentifier() or name.startswith("__"):

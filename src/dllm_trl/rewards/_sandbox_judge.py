@@ -1,7 +1,7 @@
 """Judge: runs the TRUSTED unit tests of one completion and decides pass/fail.
 
 Standalone program (stdlib only), started by :mod:`dllm_trl.rewards.code` as
-``python -I -S -c <_processes + codec + this file>`` with an empty environment, in its own session. It reads the
+``python -I -S -c <_processes + codec + this file>`` (as bytecode on stdin when the interpreter is the caller's) with an empty environment, in its own session. It reads the
 job (JSON) from stdin and writes one JSON line per message to a private duplicate of its stdout
 (fd 1 itself is pointed at /dev/null so prints from test code cannot forge lines): a ``watch``
 line before each test (until when it may run: the caller kills a judge stuck past that, e.g. in C
@@ -13,16 +13,21 @@ The candidate program never runs here. It runs in a separate *executor* process 
 the candidate's objects only as :class:`RemoteObject` proxies: calling one ships the arguments to
 the executor, which calls the real function and ships the result back as data (see
 ``_sandbox_codec.py``); objects that are not data stay in the executor and come back as proxies
-again; callables the test passes in (``key=len``, a lambda) are called back here; in-place changes
-to the test's list / dict / set arguments are written back. Assertions and comparisons are
-evaluated here on values of trusted types; ``x in obj`` on a proxy is membership among its items.
-A value the test builds by calling a class of the candidate is kept as data only when it holds
-the test's own arguments (:func:`_constructed`); names the test reads as modules are never the
-candidate's (:meth:`Judge.namespace`). Consequently the candidate cannot patch the test machinery
-or builtins used by the tests, cannot see expected values (they never leave this process, except
-as arguments of the test's own calls of the candidate's code), cannot forge a pass by exiting /
-printing / writing to the channel (requests carry unpredictable ids), and ``__eq__`` /
-``__contains__`` / ``__bool__`` tricks never run here.
+again (iterators too, consumed on request); callables the test passes in (``key=len``, a lambda)
+are called back here; in-place changes to the test's arguments are written back. Assertions and
+comparisons are evaluated here on values of trusted types; ``x in obj`` on a proxy is membership
+among its items.
+
+What the judge knows about the program comes from the program's source (:func:`program_names`,
+read here) and from its own records, never from the executor, which the candidate controls
+entirely: a call of a class the judge models (:class:`ClassModel`) is evaluated here from the
+test's arguments; a call of any other class statement of the program gives the sandboxed object
+as a handle that the judge holds back (:func:`_same_object`);
+names the test reads as modules are never the candidate's (:meth:`Judge.namespace`). Consequently
+the candidate cannot patch the test machinery or builtins used by the tests, cannot see expected
+values (they never leave this process, except as arguments of the test's own calls of the
+candidate's code), cannot forge a pass by exiting / printing / writing to the channel (requests
+carry unpredictable ids), and ``__eq__`` / ``__contains__`` / ``__bool__`` tricks never run here.
 
 When running as root the judge also creates a mount + network + IPC namespace, mounts a size-capped
 tmpfs on the scratch folder and builds a minimal root there (read-only bind mounts of the Python
@@ -31,6 +36,7 @@ executor chroots.
 """
 
 import ast
+import base64
 import builtins
 import collections
 import ctypes
@@ -57,7 +63,12 @@ SAFE_IMPORTS = {
 }
 
 # names a test may mean as a module: what it reads as ``name.attr`` among these is never the program's
-STDLIB_MODULES = frozenset(getattr(sys, "stdlib_module_names", ())) | SAFE_IMPORTS
+# (the standard library, and third-party packages with their usual import names / aliases)
+THIRD_PARTY_MODULES = {
+    "np", "numpy", "pd", "pandas", "sympy", "sp", "scipy", "torch", "tf", "tensorflow", "jax", "jnp", "plt",
+    "matplotlib", "sklearn", "nx", "networkx", "mpmath", "numba", "polars", "pl", "cv2", "PIL", "requests",
+}
+STDLIB_MODULES = frozenset(getattr(sys, "stdlib_module_names", ())) | SAFE_IMPORTS | THIRD_PARTY_MODULES
 
 
 class InfraError(Exception):
@@ -174,8 +185,9 @@ def setup_fs(job):
 
 # ----------------------------------------------------------------------------- executor handle
 class Executor:
-    def __init__(self, job, chroot, workdir):
+    def __init__(self, job, chroot, workdir, kinds):
         self.job = job
+        self.kinds = kinds  # the judge's reading of the program's names (program_names)
         self.chroot = chroot
         self.workdir = workdir
         self.proc = None
@@ -183,8 +195,9 @@ class Executor:
         self.load_error = None
         self.names = {}
         self.values = {}
-        # handles of sandboxed objects: received by the judge; handed by the test to the program
-        # (as an argument, or by using the object); returned again by a class call (a shared instance)
+        # handles of sandboxed objects: received by the judge; built by the test and handed to the
+        # program through the test's own reference (as an argument, or by using it: never through a
+        # handle the program returned for it); returned by a class call while known (a shared instance)
         self.seen = set()
         self.released = set()
         self.shared = set()
@@ -201,7 +214,9 @@ class Executor:
         """Start a fresh executor and load the program. Raises InfraError (sandbox broken),
         CandidateCrashed (load failed / died) or CandidateTimeout."""
         job = self.job
-        self.proc = start_isolated([job["python"], "-I", "-S", "-c", job["executor_src"]], {})  # noqa: F821
+        program = job["executor"]
+        code = base64.b64decode(program["bytecode"]) if "bytecode" in program else None
+        self.proc = start_isolated([job["python"], "-I", "-S", "-c", program["loader"] if code else program["source"]], {})  # noqa: F821
         cfg = {
             "program": job["program"], "uid": job.get("uid"), "gid": job.get("gid"),
             "chroot": self.chroot, "workdir": self.workdir, "limits": job["limits"],
@@ -211,6 +226,8 @@ class Executor:
             "judge_pid": os.getpid(),
         }
         try:
+            if code is not None:  # the executor's own code first (compiled by the caller), then its configuration
+                _write_all(self.proc.stdin.fileno(), code)
             send_msg(self.proc.stdin.fileno(), cfg)  # noqa: F821
             boot = recv_msg(self.proc.stdout.fileno(), boot_deadline, 1 << 16)  # noqa: F821
         except ChannelTimeout:  # noqa: F821
@@ -245,14 +262,17 @@ class Executor:
             raise CandidateCrashed("load failed: malformed names")
         for name, hid in list(names.items())[:10000]:
             if _is_name(name) and type(hid) is int:
-                self.names[name] = RemoteObject(self, hid, name)
+                self.names[name] = RemoteObject(self, hid, name, kind=self.kinds.get(name, ("function",))[0])
                 self.seen.add(hid)
         for name, enc in list(values.items())[:10000]:
             if _is_name(name) and name not in self.names:
                 try:
-                    self.values[name] = decode_value(enc, resolve)  # noqa: F821
+                    value = decode_value(enc, resolve)  # noqa: F821
                 except CodecError:  # noqa: F821
                     continue
+                if isinstance(value, RemoteObject):  # an object: called, it builds unless a function
+                    value = type(value)(self, value._hid, name, kind=self.kinds.get(name, ("function",))[0])
+                self.values[name] = value
 
     def request(self, msg, deadline, callbacks, resolve):
         """Send one request and wait for its reply, answering the executor's callback requests
@@ -309,10 +329,13 @@ class Executor:
         def fallback(obj):
             if isinstance(obj, Record):  # noqa: F821
                 obj = obj._handle
+            if isinstance(obj, ModelClass):
+                obj = obj._remote
             if isinstance(obj, RemoteObject):
                 if obj._executor is not self:
                     raise TypeError("object of an earlier sandbox run")
-                self.released.add(obj._hid)
+                if obj._built:  # the test hands the object it built to the program
+                    self.released.add(obj._hid)
                 return {"h": obj._hid}
             if callable(obj):
                 fid = len(callbacks) + 1
@@ -326,25 +349,34 @@ class Executor:
             raise TypeError("argument not transportable to the sandbox: %s" % exc)
 
 
+def _write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 def _is_name(name):
     return isinstance(name, str) and 0 < len(name) <= 200 and name.isidentifier() and not name.startswith("__")
 
 
 class RemoteObject:
     """What the tests see in place of a candidate object (a function, a class, an instance): calls,
-    attribute reads and writes, ``len``, iteration and indexing are forwarded to the executor; the
-    replies are data. ``x in obj`` looks for ``x`` among the object's items (its iteration, received
-    as data) with the judge's own comparison, never the candidate's ``__contains__``. Equality is
-    identity of the sandboxed object (never the candidate's ``__eq__``), and truth testing is refused
-    (never the candidate's ``__bool__``)."""
+    attribute reads and writes, ``len``, iteration (item by item, on request), indexing and item
+    assignment, ``str`` / ``repr``, ``float`` / ``int``, ``with`` and ``isinstance`` are forwarded to
+    the executor; the replies are data. ``x in obj`` looks for ``x`` among the object's items with the
+    judge's own comparison, never the candidate's ``__contains__``. Equality is identity of the
+    sandboxed object (never the candidate's ``__eq__``), truth testing is refused (never the
+    candidate's ``__bool__``), and ``with obj:`` never suppresses an exception of the test."""
 
-    __slots__ = ("_executor", "_hid", "_label", "_built")
+    __slots__ = ("_executor", "_hid", "_label", "_built", "_kind")
+    _sandbox_handle = True
 
-    def __init__(self, executor, hid, label, built=False):
+    def __init__(self, executor, hid, label, built=False, kind=None):
         object.__setattr__(self, "_executor", executor)
         object.__setattr__(self, "_hid", hid)
         object.__setattr__(self, "_label", label)
         object.__setattr__(self, "_built", built)  # made by the test's call of a class of the program
+        object.__setattr__(self, "_kind", kind)  # the judge's reading of the program's name, when a name
 
     def _op(self, kind, **fields):
         return _JUDGE.remote(self, kind, fields)
@@ -369,31 +401,76 @@ class RemoteObject:
         return n
 
     def __iter__(self):
-        items = self._op("op", op="iter")
-        if type(items) is not list:
-            raise TypeError("iteration over a sandboxed object failed")
-        return iter(items)
+        return _RemoteIterator(self._op("op", op="iter"))
 
     def __getitem__(self, key):
         return self._op("op", op="getitem", arg=key)
 
+    def __setitem__(self, key, value):
+        self._op("op", op="setitem", arg=(key, value))
+
+    def __delitem__(self, key):
+        self._op("op", op="delitem", arg=key)
+
     def __contains__(self, item):
         # never the candidate's __contains__ (it could answer True to anything): membership among
         # the object's items, received as data and compared here, as ``in`` on a list does
-        return item in self.__iter__()
+        return any(x is item or x == item for x in self.__iter__())
 
     def __bool__(self):
         raise TypeError("the truth value of a sandboxed object is not taken")
 
+    def _typed(self, op, want):
+        value = self._op("op", op=op)
+        if type(value) is not want:
+            raise TypeError("%s() of a sandboxed object must give a %s" % (op, want.__name__))
+        return value
+
     def __str__(self):
-        text = self._op("op", op="str")
-        if type(text) is not str:
-            raise TypeError("str() of a sandboxed object must be a str")
-        return text
+        return self._typed("str", str)
+
+    def __repr__(self):
+        try:
+            return self._typed("repr", str)
+        except (CandidateCrashed, InfraError):
+            raise
+        except Exception:
+            return "<sandboxed %s>" % self._label
+
+    def __float__(self):
+        return self._typed("float", float)
+
+    def __int__(self):
+        return self._typed("int", int)
+
+    def __index__(self):
+        return self._typed("index", int)
+
+    def __complex__(self):
+        return self._typed("complex", complex)
+
+    def __enter__(self):
+        return self._op("op", op="enter")
+
+    def __exit__(self, *exc):
+        self._op("op", op="exit")
+        return False  # an exception of the test is never swallowed by the program
+
+    def __instancecheck__(self, obj):
+        if isinstance(obj, Record):  # noqa: F821
+            obj = obj._handle
+        if not isinstance(obj, RemoteObject):
+            return False  # a value of a trusted type is no instance of a class of the program
+        answer = obj._op("op", op="isinstance", arg=self)
+        if type(answer) is not bool:
+            raise TypeError("isinstance() of a sandboxed object must give a bool")
+        return answer
 
     def __eq__(self, other):
         if isinstance(other, Record):  # noqa: F821
             other = other._handle
+        if isinstance(other, ModelClass):
+            other = other._remote
         if not isinstance(other, RemoteObject):
             return NotImplemented
         return _same_object(self, other)
@@ -405,8 +482,75 @@ class RemoteObject:
     def __hash__(self):
         return hash((id(self._executor), self._hid))
 
-    def __repr__(self):
-        return "<sandboxed %s>" % self._label
+
+# arithmetic on a sandboxed object is a call of its own methods (the program computing an answer,
+# compared afterwards here); comparisons, truth and membership are verdicts and never forwarded
+ARITHMETIC = ("add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "pow", "lshift", "rshift", "and",
+              "xor", "or")
+UNARY = ("neg", "pos", "abs", "invert")
+
+
+def _arithmetic(name, reflected=False, inplace=False):
+    def method(self, other):
+        return self._op("op", op="arith", arg=(("r" if reflected else "i" if inplace else "") + name, other))
+
+    return method
+
+
+def _unary(name):
+    def method(self):
+        return self._op("op", op="arith", arg=(name, None))
+
+    return method
+
+
+for _name in ARITHMETIC:
+    setattr(RemoteObject, "__%s__" % _name, _arithmetic(_name))
+    setattr(RemoteObject, "__r%s__" % _name, _arithmetic(_name, reflected=True))
+    setattr(RemoteObject, "__i%s__" % _name, _arithmetic(_name, inplace=True))
+for _name in UNARY:
+    setattr(RemoteObject, "__%s__" % _name, _unary(_name))
+
+
+class RemoteIteratorObject(RemoteObject):
+    """A sandboxed iterator (a generator, ``map``, ``itertools.count()``...): ``next`` takes one item."""
+
+    __slots__ = ()
+
+    def __next__(self):
+        items, more = _chunk(self._op("op", op="take", arg=1))
+        if not items:
+            raise StopIteration
+        return items[0]
+
+
+def _chunk(reply):
+    if not (type(reply) is list and len(reply) == 2 and type(reply[0]) is list
+            and (reply[1] is None or isinstance(reply[1], RemoteObject))):
+        raise TypeError("iteration over a sandboxed object failed")
+    return reply
+
+
+class _RemoteIterator:
+    """The judge's iterator over a sandboxed object: items arrive in growing chunks, on demand, so
+    an endless generator can be consumed in part (``next``, ``islice``, ``zip``)."""
+
+    def __init__(self, first):
+        items, self.more = _chunk(first)
+        self.items = collections.deque(items)
+        self.size = 16
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        while not self.items:
+            if self.more is None:
+                raise StopIteration
+            self.size = min(4 * self.size, 4096)
+            items, self.more = _chunk(self.more._op("op", op="take", arg=self.size))
+            self.items.extend(items)
+        return self.items.popleft()
 
 
 def _same_object(a, b):
@@ -425,80 +569,527 @@ def _same_object(a, b):
     return True
 
 
-# classes the judge rebuilds itself when a test calls the program's import of them (their values
-# arrive as plain dicts, which ``dict(...)`` would not rebuild from the same arguments)
-_TRUSTED_CLASSES = {
-    "collections.Counter": collections.Counter,
-    "collections.defaultdict": collections.defaultdict,
-    "collections.OrderedDict": collections.OrderedDict,
-}
+# ----------------------------------------------------------------------------- the program, read from its AST
+# What the judge knows about a name of the program comes from the program's source, read here,
+# never from the executor (the candidate's process, which can rewrite anything in itself).
+# ``program_names`` classifies every module-level name:
+#   "model"     bound once, by a class statement (or ``namedtuple(...)``) whose value semantics the
+#               judge reproduces itself (:class:`ClassModel`): a call by the test builds the value
+#               here, from the test's own arguments; the program never sees the call;
+#   "class"     bound by another class statement (own constructor, ``__post_init__``, an enum, a
+#               plain class): a call by the test *builds an object*: the test gets the sandboxed
+#               object as a handle, equal only to itself (never the program's answer before the test
+#               hands it over, see :func:`_same_object`);
+#   "stdlib"    bound once, by ``from <allow-listed stdlib module> import name``: the real object;
+#   "module"    ``import x`` / ``import x as y``: never the program's for the test;
+#   "function"  anything else (a ``def``, a lambda, an assignment, a name the source does not bind,
+#               e.g. ``globals()[...] = ...``): what a call returns is the program's answer. A class
+#               hidden behind such a name gains a program nothing that ``def Point(*a): ...`` would
+#               not: both are the program answering for the test's expected value, as in plain
+#               Python (out of scope, docs/rewards.md).
+
+DATACLASS_DECORATORS = {"dataclass", "dataclasses.dataclass"}
+NAMEDTUPLE_FACTORIES = {"namedtuple", "collections.namedtuple"}
+NAMEDTUPLE_BASES = {"NamedTuple", "typing.NamedTuple"}
+BUILTIN_BASES = {"int": int, "float": float, "complex": complex, "str": str, "bytes": bytes, "tuple": tuple,
+                 "list": list, "dict": dict, "set": set, "frozenset": frozenset}
+# dunders a modelled class may not define: they change how it is built, compared or hashed
+VALUE_DUNDERS = {"__init__", "__new__", "__post_init__", "__setattr__", "__delattr__", "__getattribute__",
+                 "__getattr__", "__eq__", "__ne__", "__hash__", "__lt__", "__le__", "__gt__", "__ge__",
+                 "__init_subclass__", "__class_getitem__", "__set_name__", "__reduce__", "__getnewargs__",
+                 "__iter__", "__len__", "__getitem__", "__contains__", "__bool__", "__index__", "__int__",
+                 "__float__", "__complex__", "__str__", "__repr__", "__format__"}
+DATACLASS_OPTIONS = {"init": True, "repr": None, "eq": True, "order": None, "unsafe_hash": None, "frozen": None,
+                     "match_args": None, "kw_only": None, "slots": None, "weakref_slot": None}
+DEFAULT_FACTORIES = {"list": list, "dict": dict, "set": set, "tuple": tuple, "str": str, "int": int,
+                     "float": float, "frozenset": frozenset}
+_MISSING = object()
 
 
-def _constructed(ex, value, made, args, kwargs, known):
-    """The value of the test's call ``C(*args, **kwargs)`` of a class of the program. A value that
-    travels as data is kept only when it is an instance of the class called and holds the test's
-    own arguments: a dataclass record or a
-    namedtuple whose fields given by the call equal the arguments given for them; another value (an
-    ``int`` / ``list`` / ``dict`` subclass, ``Fraction``, a date) when the judge's own constructor
-    of its type gives an equal value from the same arguments. Otherwise (a constructor that
-    discards or rewrites its arguments) it is the sandboxed object itself, a handle: usable through
-    calls, attributes, iteration, but equal only as :func:`_same_object` says."""
-    hid = made["obj"]
-    if known:
-        ex.shared.add(hid)
-    if isinstance(value, RemoteObject):
-        return RemoteObject(ex, value._hid, value._label, built=True) if value._hid == hid else value
-    if type(value) is type(iter([])):
-        return value  # an iterator, exhausted in the sandbox: equal only to itself anyway
-    try:
-        # a value of another type than the class called (a __new__ returning a range, a bool, None,
-        # another class's record) could pick a constructor that loses its arguments: an object
-        faithful = made.get("own") is True and _holds_arguments(value, made, args, kwargs)
-    except Exception:
-        faithful = False
-    if not faithful:
-        return RemoteObject(ex, hid, str(made.get("name", "object"))[:100], built=True)
-    if isinstance(value, Record) and isinstance(value._handle, RemoteObject):  # noqa: F821
-        handle = value._handle
-        object.__setattr__(value, "_handle", RemoteObject(ex, handle._hid, handle._label, built=True))
-    return value
+def _dotted(node):
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = _dotted(node.value)
+        return base + "." + node.attr if base else None
+    return None
 
 
-def _holds_arguments(value, made, args, kwargs):
-    if isinstance(value, Record):  # noqa: F821
-        return _bound_fields_equal(value._fields, value._values, made.get("init"), args, kwargs)
-    if isinstance(value, tuple) and _is_namedtuple(value):  # noqa: F821
-        fields = tuple(type(value)._fields)
-        return _bound_fields_equal(fields, tuple.__iter__(value), list(fields), args, kwargs)
-    cls = _TRUSTED_CLASSES.get(made.get("name"))
-    if cls is None:
-        cls = type(value)  # a type the decoder made: a trusted builtin / stdlib value type
-        if cls in (bool, type(None)):
-            return False  # no class makes these; bool(x) is True for every truthy argument
-        rebuilt = cls(*args, **kwargs)
-        return type(rebuilt) is cls and (rebuilt is value or rebuilt == value)
-    return cls(*args, **kwargs) == value
+class ClassModel:
+    """A class of the program whose calls the judge evaluates itself: a dataclass with its generated
+    ``__init__`` (no ``__post_init__``, no own ``__new__`` / ``__eq__`` / ``__setattr__``, no base
+    class, literal defaults or builtin ``default_factory``), a ``namedtuple`` / ``NamedTuple`` with
+    literal fields and defaults, or a subclass of a builtin value type without its own constructor
+    or comparison. ``build(args, kwargs)`` gives the value as the class would make it: a record, a
+    namedtuple, or the builtin value."""
+
+    def __init__(self, name, kind):
+        self.name, self.kind = name, kind
+        self.params = []  # (name, default thunk or _MISSING, keyword-only) in __init__ order
+        self.fields = ()  # every field, in order (dataclass / namedtuple)
+        self.extra = {}  # dataclass fields not in __init__: name -> default thunk
+        self.compare_index = ()
+        self.order = False
+        self.own_text = False  # the class defines __str__ / __repr__ (asked of the program's instance)
+        self.base = None
+        self.tuple_class = None  # namedtuple: the judge's class of the values it builds
+        self.members = []  # enum: (name, value) in definition order
+
+    def build(self, args, kwargs):
+        if self.kind == "builtin":
+            return self.base(*args, **kwargs)
+        values = self._bind(args, kwargs)
+        if self.kind == "namedtuple":
+            return self.tuple_of([values[f] for f in self.fields])
+        given = [self.fields.index(n) for n in self._given_names(args, kwargs) if n in self.fields]
+        for name, thunk in self.extra.items():
+            values[name] = thunk()
+        return Record(self.name, self.fields, [values[f] for f in self.fields], None, given)  # noqa: F821
+
+    def tuple_of(self, values):
+        """A namedtuple value of this class: tuple equality, and its methods asked of the program."""
+        if self.tuple_class is None:
+            plain = _namedtuple_class(self.name, self.fields)  # noqa: F821
+            self.tuple_class = type(self.name, (plain,), {"__slots__": (), "__getattr__": _program_method})
+        return self.tuple_class(*values)
+
+    def member_for(self, args, kwargs):
+        """Enum: the name of the first member whose value equals the one argument."""
+        if len(args) != 1 or kwargs:
+            raise TypeError("%s() takes one value" % self.name)
+        for name, value in self.members:
+            if value == args[0] and hash(value) == hash(args[0]):
+                return name
+        raise ValueError("%r is not a valid %s" % (args[0], self.name))
+
+    def _given_names(self, args, kwargs):
+        positional = [p[0] for p in self.params if not p[2]]
+        return positional[: len(args)] + list(kwargs)
+
+    def _bind(self, args, kwargs):
+        positional = [p for p in self.params if not p[2]]
+        if len(args) > len(positional):
+            raise TypeError("%s() takes %d positional arguments but %d were given" % (self.name, len(positional), len(args)))
+        values = {}
+        for (name, _, _), value in zip(positional, args):
+            values[name] = value
+        known = {p[0] for p in self.params}
+        for key, value in kwargs.items():
+            if key not in known:
+                raise TypeError("%s() got an unexpected keyword argument %r" % (self.name, key))
+            if key in values:
+                raise TypeError("%s() got multiple values for argument %r" % (self.name, key))
+            values[key] = value
+        for name, thunk, _ in self.params:
+            if name not in values:
+                if thunk is _MISSING:
+                    raise TypeError("%s() missing required argument: %r" % (self.name, name))
+                values[name] = thunk()
+        return values
 
 
-def _bound_fields_equal(fields, values, params, args, kwargs):
-    """Whether the call's arguments, bound to the constructor's field parameters ``params`` (from
-    the sandbox: only trusted as far as this check goes), each land in a field that holds them."""
-    fields, values = tuple(fields), tuple(values)
-    params = params if isinstance(params, list) else []
-    if len(args) > len(params):
-        return False
-    bound = list(zip(params, args))
-    for key, v in kwargs.items():
-        if key not in params or any(name == key for name, _ in bound):
-            return False
-        bound.append((key, v))
-    for name, v in bound:
-        if not isinstance(name, str) or name not in fields:
-            return False  # an argument that lands in no field (an InitVar, a made-up parameter)
-        held = values[fields.index(name)]
-        if not (held is v or held == v):
+def _program_method(value, name):
+    """A method of a namedtuple class of the program, for a value the judge built: asked of the
+    program's instance rebuilt from it (which hands the value to the program)."""
+    if name.startswith("__"):
+        raise AttributeError(name)
+    return getattr(_JUDGE.materialize(value), name)
+
+
+def _literal_thunk(node):
+    """A default value written as a literal: a function giving a fresh copy each time."""
+    value = ast.literal_eval(node)
+    return lambda: ast.literal_eval(node) if isinstance(value, (list, dict, set)) else value
+
+
+def _field_spec(value):
+    """``x: int = <value>`` in a dataclass -> (default thunk or _MISSING, init, compare); raises
+    ValueError where the judge cannot reproduce the field."""
+    if value is None:
+        return _MISSING, True, True
+    if isinstance(value, ast.Call) and _dotted(value.func) in ("field", "dataclasses.field"):
+        if value.args:
+            raise ValueError("positional field() arguments")
+        thunk, init, compare = _MISSING, True, True
+        for kw in value.keywords:
+            if kw.arg == "default":
+                thunk = _literal_thunk(kw.value)
+            elif kw.arg == "default_factory":
+                factory = DEFAULT_FACTORIES.get(_dotted(kw.value))
+                if factory is None:
+                    raise ValueError("default_factory")
+                thunk = factory
+            elif kw.arg in ("init", "compare", "repr", "hash", "kw_only"):
+                flag = ast.literal_eval(kw.value)
+                if kw.arg == "init":
+                    init = flag is True
+                elif kw.arg == "compare":
+                    compare = flag is True
+                elif kw.arg == "kw_only" and flag is True:
+                    raise ValueError("kw_only field")
+            elif kw.arg != "metadata":
+                raise ValueError("field option")
+        return thunk, init, compare
+    return _literal_thunk(value), True, True
+
+
+def _class_body_ok(node, allowed_dunders=()):
+    """Only annotations, plain methods, docstrings, ``pass`` and simple class attributes."""
+    for stmt in node.body:
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if stmt.name in VALUE_DUNDERS and stmt.name not in allowed_dunders:
+                return False
+        elif isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant):
+            continue
+        elif isinstance(stmt, (ast.Pass, ast.AnnAssign)):
+            continue
+        elif isinstance(stmt, ast.Assign) and all(isinstance(t, ast.Name) and (not t.id.startswith("__") or t.id == "__slots__")
+                                                  for t in stmt.targets):
+            continue
+        else:
             return False
     return True
+
+
+def _own_text(node):
+    return any(isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)) and s.name in ("__str__", "__repr__", "__format__")
+               for s in node.body)
+
+
+def _dataclass_model(node):
+    if len(node.decorator_list) != 1 or node.keywords or any(_dotted(b) != "object" for b in node.bases):
+        return None
+    deco = node.decorator_list[0]
+    options = {}
+    if isinstance(deco, ast.Call):
+        if _dotted(deco.func) not in DATACLASS_DECORATORS or deco.args:
+            return None
+        for kw in deco.keywords:
+            if kw.arg not in DATACLASS_OPTIONS:
+                return None
+            options[kw.arg] = ast.literal_eval(kw.value)
+    elif _dotted(deco) not in DATACLASS_DECORATORS:
+        return None
+    own_init = options.get("init", True) is False
+    if options.get("eq", True) is not True or options.get("kw_only"):
+        return None
+    text = {"__str__", "__repr__", "__format__"}
+    if not _class_body_ok(node, allowed_dunders=text | {"__init__"} if own_init else text):
+        return None
+    model = ClassModel(node.name, "dataclass")
+    model.order = options.get("order") is True
+    model.own_text = _own_text(node)
+    fields, compare = [], []
+    for stmt in node.body:
+        if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
+            continue
+        ann = ast.unparse(stmt.annotation)
+        if "ClassVar" in ann:
+            continue
+        if "InitVar" in ann or "KW_ONLY" in ann:
+            return None
+        thunk, init, cmp = _field_spec(stmt.value)
+        name = stmt.target.id
+        fields.append(name)
+        if cmp:
+            compare.append(len(fields) - 1)
+        if own_init:
+            continue
+        if init:
+            if thunk is _MISSING and any(p[1] is not _MISSING for p in model.params):
+                return None  # CPython refuses the class (non-default after default)
+            model.params.append((name, thunk, False))
+        elif thunk is _MISSING:
+            return None  # set later by the program's own code
+        else:
+            model.extra[name] = thunk
+    if not compare:
+        return None  # every instance equal to every other: not a value the judge keeps
+    if own_init:
+        params = _assigning_init(node)
+        if params is None or sorted(p[0] for p in params) != sorted(fields):
+            return None
+        model.params, model.extra = params, {}
+    model.fields, model.compare_index = tuple(fields), tuple(compare)
+    return model
+
+
+def _assigning_init(node):
+    """The parameters of an ``__init__`` whose body only stores each parameter, unchanged, in the
+    field of the same name (``self.x = x``), else None."""
+    inits = [s for s in node.body if isinstance(s, ast.FunctionDef) and s.name == "__init__"]
+    if len(inits) != 1:
+        return None
+    fn, spec = inits[0], inits[0].args
+    if fn.decorator_list or spec.vararg or spec.kwarg or spec.posonlyargs or spec.kwonlyargs or not spec.args:
+        return None
+    me, names = spec.args[0].arg, [a.arg for a in spec.args[1:]]
+    defaults = [None] * (len(names) - len(spec.defaults)) + list(spec.defaults)
+    stored = set()
+    for stmt in fn.body:
+        if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant):
+            continue
+        if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Attribute)
+                and isinstance(stmt.targets[0].value, ast.Name) and stmt.targets[0].value.id == me
+                and isinstance(stmt.value, ast.Name) and stmt.value.id == stmt.targets[0].attr
+                and stmt.value.id in names and stmt.value.id not in stored):
+            return None
+        stored.add(stmt.value.id)
+    if stored != set(names):
+        return None
+    return [(n, _MISSING if d is None else _literal_thunk(d), False) for n, d in zip(names, defaults)]
+
+
+def _namedtuple_class_model(node):
+    if node.decorator_list or node.keywords or len(node.bases) != 1 or not _class_body_ok(node):
+        return None
+    base = node.bases[0]
+    if isinstance(base, ast.Call) and _dotted(base.func) in NAMEDTUPLE_FACTORIES:
+        # class P(namedtuple('P', 'x y')): methods on a namedtuple
+        if any(isinstance(s, ast.AnnAssign) for s in node.body):
+            return None
+        inner = _namedtuple_call_model(node.name, base)
+        return inner
+    if _dotted(base) not in NAMEDTUPLE_BASES:
+        return None
+    model = ClassModel(node.name, "namedtuple")
+    for stmt in node.body:
+        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+            thunk = _MISSING if stmt.value is None else _literal_thunk(stmt.value)
+            model.params.append((stmt.target.id, thunk, False))
+    model.fields = tuple(p[0] for p in model.params)
+    return model if model.fields else None
+
+
+def _namedtuple_call_model(name, call):
+    if call.args[:1] and not (isinstance(call.args[0], ast.Constant) and call.args[0].value == name):
+        return None
+    if len(call.args) != 2:
+        return None
+    spec = ast.literal_eval(call.args[1])
+    fields = spec.replace(",", " ").split() if isinstance(spec, str) else list(spec)
+    defaults = []
+    for kw in call.keywords:
+        if kw.arg != "defaults":
+            return None
+        defaults = list(ast.literal_eval(kw.value))
+    if not fields or not all(isinstance(f, str) and f.isidentifier() and not f.startswith("_") for f in fields):
+        return None
+    model = ClassModel(name, "namedtuple")
+    first_default = len(fields) - len(defaults)
+    for i, f in enumerate(fields):
+        thunk = _MISSING if i < first_default else (lambda v=defaults[i - first_default]: v)
+        model.params.append((f, thunk, False))
+    model.fields = tuple(fields)
+    return model
+
+
+def _builtin_subclass_model(node):
+    if node.decorator_list or node.keywords or len(node.bases) != 1 or _dotted(node.bases[0]) not in BUILTIN_BASES:
+        return None
+    if not _class_body_ok(node) or any(isinstance(s, ast.AnnAssign) for s in node.body):
+        return None
+    model = ClassModel(node.name, "builtin")
+    model.base = BUILTIN_BASES[_dotted(node.bases[0])]
+    return model
+
+
+ENUM_BASES = {"Enum", "enum.Enum"}
+ENUM_DECORATORS = {"unique", "enum.unique"}
+ENUM_TEXT = {"__str__", "__repr__", "__format__"}
+
+
+def _enum_model(node):
+    """``class Color(Enum)`` whose members are literal values and that has no lookup hooks of its
+    own (``_missing_``, ``__new__``, ``__init__``): a call ``Color(1)`` is the member the judge finds
+    by value here, read from the source (as ``Enum`` looks it up), then asked of the program by name."""
+    if node.keywords or len(node.bases) != 1 or _dotted(node.bases[0]) not in ENUM_BASES:
+        return None
+    if any(_dotted(d) not in ENUM_DECORATORS for d in node.decorator_list):
+        return None
+    model = ClassModel(node.name, "enum")
+    for stmt in node.body:
+        if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) or isinstance(stmt, ast.Pass):
+            continue
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and (not stmt.name.startswith("_") or stmt.name in ENUM_TEXT):
+            continue
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name) \
+                and not stmt.targets[0].id.startswith("_"):
+            value = ast.literal_eval(stmt.value)
+            hash(value)
+            model.members.append((stmt.targets[0].id, value))
+            continue
+        return None
+    return model if model.members else None
+
+
+def _class_model(node):
+    try:
+        return _dataclass_model(node) or _namedtuple_class_model(node) or _builtin_subclass_model(node) or _enum_model(node)
+    except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
+        return None
+
+
+def program_names(program):
+    """Module-level names of the program -> (kind, detail): see the comment above."""
+    tree = ast.parse(program)
+    found = {}
+
+    def add(name, kind, detail=None):
+        found.setdefault(name, []).append((kind, detail))
+
+    def value_kind(name, value):
+        if isinstance(value, ast.Lambda):
+            return "function", None
+        if isinstance(value, ast.Call) and _dotted(value.func) in NAMEDTUPLE_FACTORIES:
+            try:
+                model = _namedtuple_call_model(name, value)
+            except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
+                model = None
+            return ("model", model) if model is not None else ("other", None)
+        return "other", None
+
+    def bind(target, value):
+        if isinstance(target, ast.Name):
+            add(target.id, *value_kind(target.id, value))
+        elif isinstance(target, (ast.Tuple, ast.List)) and isinstance(value, (ast.Tuple, ast.List)) \
+                and len(target.elts) == len(value.elts):
+            for t, v in zip(target.elts, value.elts):
+                bind(t, v)
+        else:
+            for n in ast.walk(target):
+                if isinstance(n, ast.Name):
+                    add(n.id, "other")
+
+    def stores(node):
+        """Names stored by a statement outside nested functions / classes / lambdas."""
+        todo = [node]
+        while todo:
+            n = todo.pop()
+            if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load):
+                add(n.id, "other")
+            if isinstance(n, ast.NamedExpr):  # classified with every walrus below
+                todo.append(n.value)
+                continue
+            for child in ast.iter_child_nodes(n):
+                if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+                    todo.append(child)
+
+    def visit(body):
+        for stmt in body:
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                add(stmt.name, "function")
+            elif isinstance(stmt, ast.ClassDef):
+                model = _class_model(stmt)
+                add(stmt.name, "model" if model is not None else "class", model)
+            elif isinstance(stmt, ast.Assign):
+                for target in stmt.targets:
+                    bind(target, stmt.value)
+                stores(stmt.value)
+            elif isinstance(stmt, ast.AnnAssign) and stmt.value is not None and isinstance(stmt.target, ast.Name):
+                bind(stmt.target, stmt.value)
+            elif isinstance(stmt, ast.Import):
+                for alias in stmt.names:
+                    add(alias.asname or alias.name.split(".")[0], "module")
+            elif isinstance(stmt, ast.ImportFrom):
+                for alias in stmt.names:
+                    if stmt.level == 0 and (stmt.module or "").split(".")[0] in SAFE_IMPORTS and alias.name != "*":
+                        add(alias.asname or alias.name, "stdlib", (stmt.module, alias.name))
+                    else:
+                        add(alias.asname or alias.name, "other")
+            elif isinstance(stmt, (ast.If, ast.Try, ast.With, ast.For, ast.While)):
+                for field in ("body", "orelse", "finalbody"):
+                    visit(getattr(stmt, field, []) or [])
+                for handler in getattr(stmt, "handlers", []) or []:
+                    visit(handler.body)
+                for part in ("target", "items", "test", "iter"):
+                    sub = getattr(stmt, part, None)
+                    for n in (sub if isinstance(sub, list) else [sub]):
+                        if n is not None:
+                            stores(n)
+            else:
+                stores(stmt)
+
+    visit(tree.body)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Global):
+            for name in node.names:
+                add(name, "other")
+        elif isinstance(node, ast.NamedExpr) and isinstance(node.target, ast.Name):
+            add(node.target.id, *value_kind(node.target.id, node.value))
+    out = {}
+    for name, bindings in found.items():
+        kinds = {k for k, _ in bindings}
+        if len(bindings) == 1 and kinds <= {"model", "stdlib"}:
+            out[name] = bindings[0]
+        elif kinds == {"module"}:
+            out[name] = ("module", None)
+        elif kinds & {"model", "class"}:
+            out[name] = ("class", None)  # a class statement among several bindings
+        else:
+            out[name] = ("function", None)
+    return out
+
+
+def _stdlib_object(module, name):
+    """``from module import name`` done here, with the real standard library."""
+    try:
+        return getattr(__import__(module, fromlist=[name]), name)
+    except Exception:
+        return _MISSING
+
+
+class ModelClass:
+    """What the test sees for a class of the program that the judge models: calling it builds the
+    value here, from the test's own arguments (the program never sees the call); anything else
+    (class attributes, static methods, passing the class itself) goes to the program's class."""
+
+    __slots__ = ("_remote", "_model")
+    _sandbox_handle = True
+
+    def __init__(self, remote, model):
+        object.__setattr__(self, "_remote", remote)
+        object.__setattr__(self, "_model", model)
+
+    def __call__(self, *args, **kwargs):
+        if self._model.kind == "enum":
+            return getattr(self._remote, self._model.member_for(args, kwargs))
+        return self._model.build(args, kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._remote, name)
+
+    def __getitem__(self, key):
+        return self._remote[key]
+
+    def __iter__(self):
+        return iter(self._remote)
+
+    def __len__(self):
+        return len(self._remote)
+
+    def __contains__(self, item):
+        return item in self._remote
+
+    def __instancecheck__(self, obj):
+        model = self._model
+        if isinstance(obj, Record) and obj._name == model.name and obj._fields == model.fields:  # noqa: F821
+            return True
+        if model.kind == "namedtuple" and isinstance(obj, tuple) and type(obj).__name__ == model.name \
+                and getattr(type(obj), "_fields", None) == model.fields:
+            return True
+        return isinstance(obj, self._remote)
+
+    def __eq__(self, other):
+        if isinstance(other, ModelClass):
+            other = other._remote
+        return self._remote == other
+
+    def __hash__(self):
+        return hash(self._remote)
+
+    def __repr__(self):
+        return "<class %s of the program>" % self._model.name
 
 
 # ----------------------------------------------------------------------------- judge
@@ -544,6 +1135,7 @@ def _modules_read(code_ast):
 class Judge:
     def __init__(self, job):
         self.job = job
+        self.kinds = {}
         self.executor = None
         self.deadline = None
         self.load_failed = None
@@ -555,13 +1147,19 @@ class Judge:
         ex = obj._executor
         if ex is not self.executor or not ex.alive():
             raise CandidateCrashed("object of an earlier sandbox run")
-        ex.released.add(obj._hid)  # the test uses the object: the program now holds it
+        if obj._built:  # the test uses the object it built (its own reference): the program holds it now
+            ex.released.add(obj._hid)
         callbacks = {}
         msg = {"k": kind, "target": obj._hid}
+        # a call of a class of the program (a class statement the judge does not model) builds an
+        # object (the judge's reading of the program's source, never the executor's word)
+        builds = kind == "call" and obj._kind == "class"
         if kind == "call":
             args, kwargs = fields["args"], fields["kwargs"]
             msg["args"] = ex.encode(tuple(args), callbacks)
             msg["kwargs"] = ex.encode(dict(kwargs), callbacks)
+            if builds:
+                msg["as_handle"] = True
         else:
             msg["op"] = fields["op"]
             if "arg" in fields:
@@ -570,34 +1168,54 @@ class Judge:
         reply = ex.request(msg, self.deadline, callbacks, resolve)
         if reply["k"] == "exc":
             raise _candidate_exception(reply)
-        made = reply.get("cls") if kind == "call" else None  # the call was a class's: what it made
-        if made is not None and not (isinstance(made, dict) and type(made.get("obj")) in (int, type(None))):
-            ex.kill()
-            raise CandidateCrashed("bad reply: malformed construction")
-        known = made is not None and made.get("obj") in ex.seen
+        raw = reply.get("v")
+        known = isinstance(raw, dict) and isinstance(raw.get("h"), list) and len(raw["h"]) > 0 \
+            and type(raw["h"][0]) is int and raw["h"][0] in ex.seen
         try:
-            value = decode_value(reply.get("v"), resolve)  # noqa: F821
+            value = decode_value(raw, resolve)  # noqa: F821
             if kind == "call":
                 _write_back(fields["args"], fields["kwargs"], reply.get("mut"), resolve)
-            if made is not None and made.get("obj") is not None:
-                # the arguments as the program received them (the judge's own encoding, read back)
-                def sent(tag, v):
-                    return RemoteObject(ex, v, "argument") if tag == "h" and type(v) is int else resolve(tag, v)
-
-                args, kwargs = decode_value(msg["args"], sent), decode_value(msg["kwargs"], sent)  # noqa: F821
-                value = _constructed(ex, value, made, args, kwargs, known)
         except CodecError as exc:  # noqa: F821
             ex.kill()
             raise CandidateCrashed("bad reply: %s" % exc)
+        if builds:
+            if not isinstance(value, RemoteObject):
+                ex.kill()
+                raise CandidateCrashed("bad reply: a built object must come back as a handle")
+            if known:
+                ex.shared.add(value._hid)  # an object that existed already: never the test's own
+            value = type(value)(ex, value._hid, obj._label, built=True)
+        return value
+
+    def materialize(self, record):
+        """The program's own instance for a value the judge built (to call its methods): the test
+        hands the value to the program."""
+        ex = self.ensure_executor()
+        callbacks = {}
+        msg = {"k": "op", "target": 0, "op": "own", "arg": ex.encode(record, callbacks)}
+        reply = ex.request(msg, self.deadline, callbacks, self._resolve_from(ex, callbacks))
+        if reply["k"] == "exc":
+            raise _candidate_exception(reply)
+        value = decode_value(reply.get("v"), self._resolve_from(ex, callbacks))  # noqa: F821
+        if not isinstance(value, RemoteObject):
+            raise TypeError("the program could not rebuild a %s" % record._name)
         return value
 
     def _resolve_from(self, ex, callbacks):
         def resolve(tag, v):
-            if tag == "h" and isinstance(v, list) and len(v) == 2 and type(v[0]) is int:
+            if tag == "h" and isinstance(v, list) and len(v) in (2, 3) and type(v[0]) is int:
                 ex.seen.add(v[0])
-                return RemoteObject(ex, v[0], str(v[1])[:100])
+                cls = RemoteIteratorObject if len(v) == 3 else RemoteObject
+                return cls(ex, v[0], str(v[1])[:100])
             if tag == "cb" and type(v) is int and v in callbacks:
                 return callbacks[v]  # one of the test's own callables, handed back
+            if tag == "nt":  # a namedtuple of a class the judge models gets that class's methods
+                kind, model = self.kinds.get(type(v).__name__, (None, None))
+                if kind == "model" and model.kind == "namedtuple" and model.fields == type(v)._fields:
+                    return model.tuple_of(v)
+                return v
+            if tag == "dc":
+                return v  # a record: data, as received
             raise CodecError("unknown reference")  # noqa: F821
 
         return resolve
@@ -610,7 +1228,7 @@ class Judge:
             return self.executor
         if self.executor is not None:
             self.executor.kill()
-        ex = Executor(self.job, self.chroot, self.workdir)
+        ex = Executor(self.job, self.chroot, self.workdir, self.kinds)
         t0 = time.monotonic()
         watch(self.current, t0 + self.job["boot_timeout"] + (self.deadline - t0))
 
@@ -651,6 +1269,9 @@ class Judge:
         first = int(job.get("first_test", 0))
         try:
             safe_imports = candidate_safe_imports(job["program"])
+            self.kinds = program_names(job["program"])
+            Record.MODELS = {n: d for n, (k, d) in self.kinds.items() if k == "model" and d.kind == "dataclass"}  # noqa: F821
+            Record.MATERIALIZE = self.materialize  # noqa: F821
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             n = len(job["tests"]) if job["mode"] == "asserts" else 1
             for i in range(first, n):
@@ -666,6 +1287,10 @@ class Judge:
                 for k, v in scratch_ns.items():
                     if k != "__builtins__" and k not in base:
                         base[k] = v
+            # test code given as one string runs in order in one namespace: what a statement between
+            # two asserts assigns (``result = rle('aaab')``) is seen by the asserts after it
+            sequential = bool(job.get("sequential"))
+            carry = {}
             for i, src in enumerate(job["tests"]):
                 if i < first:
                     continue
@@ -680,7 +1305,16 @@ class Judge:
                     if code is None:
                         raise TestBroken("test %d does not compile" % i)
                     ex = self.ensure_executor()
-                    exec(code, self.namespace(base, ex, used, modules))
+                    ns = self.namespace(base, ex, used, modules)
+                    if not sequential:
+                        exec(code, ns)
+                        return
+                    ns.update(carry)
+                    before = dict(ns)
+                    try:
+                        exec(code, ns)
+                    finally:
+                        carry.update((k, v) for k, v in ns.items() if k not in before or before[k] is not v)
 
                 self.run_test(i, body)
         else:
@@ -718,6 +1352,15 @@ class Judge:
         candidate.update(ex.names)
         for name in modules:
             candidate.pop(name, None)
+        for name, (kind, detail) in self.kinds.items():
+            if kind == "module":
+                candidate.pop(name, None)
+            elif kind == "model" and isinstance(candidate.get(name), RemoteObject):
+                candidate[name] = ModelClass(candidate[name], detail)
+            elif kind == "stdlib" and name in candidate:
+                real = _stdlib_object(*detail)
+                if real is not _MISSING:
+                    candidate[name] = real
         primary = [n for n in candidate if n in used and n not in base and not hasattr(builtins, n)]
         for name, value in candidate.items():
             if name in base:
@@ -779,21 +1422,29 @@ class Judge:
 
 
 def _candidate_exception(reply):
-    """An exception raised in the sandbox, re-created here: a builtin exception type by name (so
-    ``except ValueError`` in a test works), anything else as CandidateError."""
+    """An exception raised in the sandbox, re-created here as the nearest builtin exception class
+    (its own if builtin, else the first builtin base it names: ``class BadInput(ValueError)`` is
+    caught by ``except ValueError``), anything else as CandidateError. The program could raise any
+    builtin exception itself, so the names it reports grant nothing."""
     etype = str(reply.get("type", ""))
     emsg = str(reply.get("msg", ""))[:300]
-    cls = getattr(builtins, etype, None)
-    if isinstance(cls, type) and issubclass(cls, Exception) and cls.__module__ == "builtins":
-        try:
-            return cls(emsg)
-        except Exception:
-            pass
+    bases = reply.get("bases")
+    names = [etype] + ([str(b) for b in bases[:20]] if isinstance(bases, list) else [])
+    for name in names:
+        cls = getattr(builtins, name, None)
+        if isinstance(cls, type) and issubclass(cls, Exception) and cls.__module__ == "builtins" \
+                and not issubclass(cls, (StopIteration, StopAsyncIteration)):
+            try:
+                return cls(emsg)
+            except Exception:
+                continue
     return CandidateError("%s: %s" % (etype, emsg))
 
 
 def _write_back(args, kwargs, mutations, resolve):
-    """Apply the executor's report of in-place changes to the test's own mutable arguments."""
+    """Apply the executor's report of in-place changes to the test's own arguments, in place at
+    every level (a list inside a list or a tuple, a dict's list value), so that the test's other
+    references to the inner objects see the change too."""
     if not isinstance(mutations, list):
         raise CodecError("malformed mutations")  # noqa: F821
     for item in mutations[: len(args) + len(kwargs)]:
@@ -806,14 +1457,49 @@ def _write_back(args, kwargs, mutations, resolve):
             target = kwargs[key]
         else:
             raise CodecError("malformed mutations")  # noqa: F821
-        new = decode_value(enc, resolve)  # noqa: F821
-        if type(new) is not type(target):
-            raise CodecError("mutation changed the type")  # noqa: F821
-        if type(target) in (list, bytearray):
-            target[:] = new
-        elif type(target) in (dict, set):
+        _merge(target, decode_value(enc, resolve))  # noqa: F821
+
+
+_MERGEABLE = (list, dict, set, bytearray)
+
+
+def _merge(target, new, depth=0):
+    """Make the mutable containers in ``target`` hold ``new``; immutable parts must be unchanged."""
+    if type(new) is not type(target) or depth > 100:
+        raise CodecError("mutation changed the type")  # noqa: F821
+    t = type(target)
+    if t is tuple:
+        if len(new) != len(target):
+            raise CodecError("mutation of a tuple")  # noqa: F821
+        for old, now in zip(target, new):
+            if type(old) in _MERGEABLE or type(old) is tuple:
+                _merge(old, now, depth + 1)
+            elif not (old is now or old == now):
+                raise CodecError("mutation of a tuple")  # noqa: F821
+    elif t is list:
+        for i in range(min(len(target), len(new))):
+            if type(target[i]) in (list, dict) and type(new[i]) is type(target[i]):
+                _merge(target[i], new[i], depth + 1)
+            else:
+                target[i] = new[i]
+        del target[len(new):]
+        target.extend(new[len(target):])
+    elif t is dict:
+        for k in [k for k in target if k not in new]:
+            del target[k]
+        for k, v in new.items():
+            if k in target and type(target[k]) in (list, dict) and type(v) is type(target[k]):
+                _merge(target[k], v, depth + 1)
+            else:
+                target[k] = v
+    elif t in (set, bytearray):
+        if t is set:
             target.clear()
             target.update(new)
+        else:
+            target[:] = new
+    else:
+        raise CodecError("mutation of an immutable value")  # noqa: F821
 
 
 _JUDGE = None

@@ -4,7 +4,8 @@ isolated process; reward = passed / total. What is supported and what is not: ``
 Architecture (three processes per completion)
 ----------------------------------------------
 * **caller** (the trainer): builds a job, starts a *judge* (``python -I -S``, empty environment,
-  own session) and reads its report line by line. Before each test the judge says until when the
+  own session; judge and executor arrive as bytecode compiled once here, see
+  :func:`~dllm_trl.rewards._processes.program_bytecode`) and reads its report line by line. Before each test the judge says until when the
   test may run; a judge still on that test a second past it (stuck in C code on a value the
   candidate returned, e.g. ``sum(range(10**18))``, which no alarm can interrupt) is SIGKILLed with
   its process group and every process of the completion's sandbox uid, the test fails, and a
@@ -16,12 +17,18 @@ Architecture (three processes per completion)
 * **executor** (untrusted, ``_sandbox_executor.py``): runs the *candidate program*, in the sandbox.
   The tests see the candidate's objects as proxies: arguments and results cross the process
   boundary as data (tagged JSON, ``_sandbox_codec.py``: builtin values, ``Fraction``, ``Decimal``,
-  dates, namedtuples, dataclass records, exhausted iterators); other objects (instances, classes,
-  closures) stay in the executor and are used through handles (calls, attributes, ``len``,
-  iteration, indexing, ``str``; ``x in obj`` is ``x`` among the object's items, compared in the
-  judge); callables the tests pass in are called back in the judge; in-place changes to list /
-  dict / set / bytearray arguments are written back. Every assertion / comparison is evaluated in
+  dates, ``Counter``, slices, namedtuples, dataclass records); other objects (instances, classes,
+  closures, iterators) stay in the executor and are used through handles (calls, attributes,
+  ``len``, iteration item by item, indexing and item assignment, ``str`` / ``repr``, ``float`` /
+  ``int``, ``with``, ``isinstance``; ``x in obj`` is ``x`` among the object's items, compared in the
+  judge); callables the tests pass in are called back in the judge; in-place changes to the tests'
+  arguments are written back, nested ones included. Every assertion / comparison is evaluated in
   the judge on values of trusted types.
+* **trust boundary**: what the judge knows about the program (is a name a class statement, a class
+  it models, a stdlib import; what a test's call of a class gives) comes from the program's AST, read
+  in the judge, and from the judge's own records of its requests; the executor's replies are only
+  the program's answers to the test's requests, never facts the judge's rules rely on (see
+  ``docs/rewards.md``, "Where the judge's knowledge comes from").
 
 Guarantees when the trainer runs as **root** on Linux with namespaces available (checked by
 ``tests/test_rewards_code.py``; :func:`sandbox_capabilities` reports what holds at run time):
@@ -77,16 +84,19 @@ candidate (this mode is not exercised by the tests).
 
 Semantics and limitations (each tested in ``tests/code_program_table.py``, listed in
 ``docs/rewards.md``): equality of a candidate object that is not data is identity (a class with its
-own ``__eq__`` compared with a fresh instance fails; dataclasses compare by their fields); a value
-the test builds by calling a class of the program is a value only when it holds the test's own
-arguments (else it is the sandboxed object, equal only to itself: a constructor that discards its
-arguments cannot make all instances equal), and such an object is not the program's answer before
-the test hands it over (a shared instance cannot be returned as the answer); ``x in obj`` is
-membership among the object's items (never its ``__contains__``);
-truth-testing such an object raises, operators (``+``, ``<``) on it are not forwarded; methods of
-namedtuple subclasses are lost; objects the *tests* build from their own classes cannot be passed
-in; the candidate cannot use threads or subprocesses; stdout/stdin are /dev/null; the candidate
-module runs as ``__candidate__`` (its ``if __name__ == "__main__":`` block does not run).
+own ``__eq__`` compared with a fresh instance fails; dataclasses compare by their fields); a test's
+call of a class of the program that the judge models from the source (a plain dataclass, a
+namedtuple, a builtin subclass without its own constructor) is evaluated in the judge from the
+test's arguments, and the program never sees it; a call of any other class statement of the program
+gives the program's object as a handle, equal only to itself and never the program's answer before
+the test hands it over (a discarding constructor, a shared instance or a registry cannot make the
+program's answer equal to it); any other name is the program answering, as in plain Python; ``x in obj`` is membership
+among the object's items (never its ``__contains__``); truth-testing such an object raises,
+operators (``+``, ``<``) on it are not forwarded, ``with obj:`` never suppresses the test's
+exception; subclasses of builtins arrive as their base; objects the *tests* build from their own
+classes cannot be passed in; the candidate cannot use threads or subprocesses; stdout/stdin are
+/dev/null; the candidate module runs as ``__candidate__`` (its ``if __name__ == "__main__":`` block
+does not run).
 """
 
 from __future__ import annotations
@@ -107,7 +117,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from ._processes import kill_process_group, program_source, start_isolated, warn_once, workers_from_env
+from ._processes import BYTECODE_LOADER, kill_process_group, program_bytecode, program_source, start_isolated, warn_once, workers_from_env
 from .math import completion_to_text
 
 logger = logging.getLogger(__name__)
@@ -248,15 +258,34 @@ class CodeTestResult:
 
 
 # =============================================================================== sources
+_JUDGE_FILES = ("_processes.py", "_sandbox_codec.py", "_sandbox_judge.py")
+_EXECUTOR_FILES = ("_processes.py", "_sandbox_codec.py", "_sandbox_executor.py")
+
+
 def _judge_src() -> str:
-    return program_source("_processes.py", "_sandbox_codec.py", "_sandbox_judge.py")
+    return program_source(*_JUDGE_FILES)
 
 
 def _executor_src() -> str:
-    return program_source("_processes.py", "_sandbox_codec.py", "_sandbox_executor.py")
+    return program_source(*_EXECUTOR_FILES)
+
+
+def _same_interpreter(python: str) -> bool:
+    """Whether ``python`` is this interpreter (then judge and executor get bytecode compiled here)."""
+    return python == sys.executable
 
 
 # =============================================================================== running one completion
+def _executor_program(python: str) -> dict:
+    """How the judge starts the executor: bytecode compiled here (base64, framed) when it runs this
+    interpreter, else the source."""
+    if _same_interpreter(python):
+        import base64
+
+        return {"bytecode": base64.b64encode(program_bytecode(*_EXECUTOR_FILES)).decode("ascii"), "loader": BYTECODE_LOADER}
+    return {"source": _executor_src()}
+
+
 _UID_LOCK = threading.Lock()
 _UIDS_IN_USE: set[int] = set()
 _RNG = random.SystemRandom()
@@ -386,11 +415,12 @@ def run_code_tests(
         setup_parts.extend(str(x) for x in test_imports)
     if test_setup_code:
         setup_parts.append(str(test_setup_code))
+    sequential = False
     if entry_point and test:
         mode, test_list, n = "check", [], 1
     else:
         mode = "asserts"
-        test_list, extra_setup = _split_tests(tests)
+        test_list, extra_setup, sequential = _split_tests(tests)
         if extra_setup:
             setup_parts.append(extra_setup)
         n = len(test_list)
@@ -406,10 +436,11 @@ def run_code_tests(
         "program": program,
         "mode": mode,
         "tests": test_list,
+        "sequential": sequential,
         "check": test or "",
         "entry_point": entry_point or "",
         "setup": "\n".join(setup_parts),
-        "executor_src": _executor_src(),
+        "executor": _executor_program(cfg.python or sys.executable),
         "python": cfg.python or sys.executable,
         "uid": uid,
         "gid": uid,
@@ -475,11 +506,15 @@ def _run_judge(job: dict, n: int, results: dict[int, dict], hard_deadline: float
     iso: dict | None = None
     watched: tuple[int, float] | None = None
     try:
-        proc = start_isolated([job["python"], "-I", "-S", "-c", _judge_src()], {}, stderr=subprocess.PIPE)
+        bytecode = _same_interpreter(job["python"])
+        program = BYTECODE_LOADER if bytecode else _judge_src()
+        proc = start_isolated([job["python"], "-I", "-S", "-c", program], {}, stderr=subprocess.PIPE)
     except OSError as exc:
         return f"cannot start judge: {exc}", None, None
     try:
         try:
+            if bytecode:
+                proc.stdin.write(program_bytecode(*_JUDGE_FILES))
             proc.stdin.write(json.dumps(job).encode("utf-8"))
             proc.stdin.close()
         except OSError:
@@ -530,25 +565,46 @@ def _run_judge(job: dict, n: int, results: dict[int, dict], hard_deadline: float
         kill_process_group(proc, wait=5)
 
 
-def _split_tests(tests: Sequence[str] | str | None) -> tuple[list[str], str]:
-    """``tests`` → (list of test statements, shared setup source)."""
+def _split_tests(tests: Sequence[str] | str | None) -> tuple[list[str], str, bool]:
+    """``tests`` → (list of test sources, shared setup source, whether the tests run in order in one
+    namespace). A string of test code: each top-level ``assert`` is a test; the statements before the
+    first one that calls something (imports, definitions, constants) are trusted setup; from that one
+    on (``result = rle('aaab')``) every other statement runs with the next assert, in order, where
+    the program's names exist."""
     if tests is None:
-        return [], ""
+        return [], "", False
     if isinstance(tests, str):
         import ast
 
         try:
             tree = ast.parse(tests)
         except SyntaxError:
-            return [tests], ""
-        asserts, setup = [], []
+            return [tests], "", False
+        asserts, setup, pending = [], [], []
         for node in tree.body:
             src = ast.get_source_segment(tests, node) or ast.unparse(node)
-            (asserts if isinstance(node, ast.Assert) else setup).append(src)
+            if isinstance(node, ast.Assert):
+                asserts.append("\n".join(pending + [src]))
+                pending = []
+            elif pending or asserts or _runs_code(node):
+                pending.append(src)
+            else:
+                setup.append(src)
         if not asserts:
-            return [tests], ""
-        return asserts, "\n".join(setup)
-    return [str(t) for t in tests], ""
+            return [tests], "", False
+        if pending:
+            asserts[-1] += "\n" + "\n".join(pending)
+        return asserts, "\n".join(setup), True
+    return [str(t) for t in tests], "", False
+
+
+def _runs_code(node: Any) -> bool:
+    """A statement of test code that calls something when run (definitions and imports do not)."""
+    import ast
+
+    if isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return False
+    return any(isinstance(n, ast.Call) for n in ast.walk(node))
 
 
 # =============================================================================== capabilities
