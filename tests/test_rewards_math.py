@@ -202,7 +202,19 @@ def test_extract_boxed(text, expected):
         (r"5\text{ cm}^2", "5"),
         (r"30^{\circ}", "30"),
         (r"50\%", "50%"),  # the percent marker is kept: 50\% also matches 0.5
-        (r"x = 3", "3"),
+        (r"x = 3", "x=3"),  # an assignment keeps its name (the worker compares names)
+        (r"x \in [0, 1]", "[0,1]"),
+        (r"5 \geq x", r"5\geq x"),  # a command keeps its space before a letter
+        (r"x >= 5", r"x\geq5"),
+        (r"10,\!080", "10080"),  # MATH's thousands separator
+        (r"0.\overline{3}", r"\frac{3}{9}"),  # a repeating decimal, exactly
+        (r"0.1\overline{6}", r"\frac{15}{90}"),
+        (r"2 3", ""),  # digits split by a space: refused
+        (r"\frac 1 2", r"\frac{1}{2}"),
+        (r"1, 2, \text{and } 3", "1,2,3"),
+        (r"5\text{ twelfths}", ""),  # a number word outside the lists, by its form
+        (r"\boxed{\boxed{5}+1}", "5+1"),  # a box in the answer is its content
+        (r"f \circ g", r"f\circ g"),  # a bare \circ is composition, not a degree mark
         (r"0.50", "0.5"),
         (r"2x", "2x"),
         (r"5.", "5"),
@@ -213,7 +225,10 @@ def test_extract_boxed(text, expected):
         ("\u20103", "-3"),
         ("2\u00bd", r"2\frac{1}{2}"),  # a mixed number
         (r"1+2\mathrm{i}", "1+2i"),  # a single letter is a symbol, never a unit
-        (r"4\mathrm{e}", "4e"),
+        (r"4\mathrm{e}", "4{e}"),  # Euler's e kept apart from the digit: never e-notation
+        (r"2\mathrm{e}+1", "2{e}+1"),
+        ("e^2-2e+1", "e^2-2e+1"),
+        ("2.5e-3", "0.0025"),
         (r"5\text{ million}", "5000000"),  # a multiplier word multiplies a plain number
         (r"2.5 million dollars", "2500000"),
         (r"2\text{ dozen}", "24"),
