@@ -458,6 +458,10 @@ MATH_TABLE = [
     ("a = 4, b = 4", "a = 4, c = 4", F, "assignment-names"),
     ("n = 7", "k = 7", F, "assignment-names"),
     ("x = 2, x = 3", "x = 3, 2", T, "assignment-names"),
+    ("a = 1, b = -2, c = 3", "c = 3, a = 1, b = -2", T, "assignment-names"),
+    (r"m = \frac12, n = 4", "n = 4, m = 0.5", T, "assignment-names"),
+    ("x = -1, y = 4", "y = 4, x = -1", T, "assignment-names"),
+    ("p = 7, q = 3", "q=3, p=7", T, "assignment-names"),
     (r"x = \pm 3", "x = 3, x = -3", T, "assignment-names"),
     # --- issue 31: an equation and its rearrangement -----------------------------------------------------------------------
     ("2x+3 = y", "y = 2x+3", T, "equation"),

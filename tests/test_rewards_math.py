@@ -397,3 +397,54 @@ def test_works_from_a_worker_thread():
     t.start()
     t.join(60)
     assert out == [True]
+
+
+# ----------------------------------------------------------------------------- issue 31: final form, golds with boxes
+RESTATEMENTS = [  # (a restatement of the question or an unevaluated answer, its value)
+    (r"\int_0^1 x^2 dx", r"\frac13"),
+    (r"\binom{10}{3}", "120"),
+    ("10!", "3628800"),
+    ("5!!", "15"),
+    (r"\sum_{k=1}^{10} k", "55"),
+]
+
+
+@pytest.mark.parametrize("restated,value", RESTATEMENTS)
+def test_restatement_default_credits_value_final_form_refuses(restated, value):
+    """Default: an unevaluated answer equal in value is credited. final_form=True: it scores 0, while the evaluated
+    answer still scores 1 and a gold that itself uses the operation accepts it."""
+    comp = [f"so $\\boxed{{{restated}}}$"]
+    assert math_reward(comp, answer=[value]) == [1.0]
+    assert math_reward(comp, answer=[value], math_final_form=True) == [0.0]
+    assert math_reward([f"$\\boxed{{{value}}}$"], answer=[value], math_final_form=True) == [1.0]
+    assert math_reward(comp, answer=[restated], math_final_form=True) == [1.0]
+    strict = make_math_reward(final_form=True)
+    assert strict(comp, answer=[value]) == [0.0]
+    assert math_answers_equal(restated, value) and not math_answers_equal(restated, value, final_form=True)
+
+
+def test_final_form_keeps_legitimate_forms():
+    """final_form asks for no computation; roots, fractions, powers, pi and symbols are final forms."""
+    strict = make_math_reward(final_form=True)
+    rows = [(r"\frac{\sqrt3}{2}", r"\frac{1}{2}\sqrt{3}"), ("2^{10}", "1024"), (r"3\pi", r"3\pi"), ("x+1", "1+x"),
+            (r"x \ne 3", r"(-\infty,3)\cup(3,\infty)"), (r"\binom{n}{2}", r"\binom{n}{2}")]
+    assert strict([f"$\\boxed{{{p}}}$" for p, _ in rows], answer=[g for _, g in rows]) == [1.0] * len(rows)
+
+
+def test_final_form_setting_is_validated():
+    with pytest.raises(ValueError, match="math_final_form"):
+        math_reward([r"\boxed{1}"], answer=["1"], math_final_form="yes")
+    with pytest.raises(ValueError, match="final_form"):
+        make_math_reward(final_form=1)
+
+
+def test_gold_with_several_boxes_is_the_list_of_all():
+    gold = r"The roots are $\boxed{1}$ and $\boxed{-2}$."
+    assert extract_gold_answer(gold) == "1, -2"
+    assert math_reward([r"\boxed{-2}", r"\boxed{1,-2}", r"\boxed{-2, 1}"], answer=[gold] * 3) == [0.0, 1.0, 1.0]
+    assert extract_boxed_answer(r"first \boxed{1}, then \boxed{2}") == "2"  # a completion: its last box
+
+
+def test_box_inside_the_answer_is_its_content():
+    assert extract_boxed_answer(r"$\boxed{\boxed{5}+1}$") == r"\boxed{5}+1"
+    assert math_reward([r"$\boxed{\boxed{5}+1}$"] * 2, answer=["5", "6"]) == [0.0, 1.0]

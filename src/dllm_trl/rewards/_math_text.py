@@ -308,7 +308,8 @@ _LEADING_MEMBER_RE = re.compile(r"^\s*(?:[A-Za-z]|\\[A-Za-z]+)(?:_\{?[A-Za-z0-9]
 # a repeating decimal: 0.\overline{3}, 0.1\overline{6}, 0.\bar6, 0.\dot3, 0.\dot{1}4\dot{2} (the dots mark the period)
 _REPEATING_RE = re.compile(
     r"(?<![\d.])(\d*)\.(\d*)(?:\\(?:overline|bar)\s*(?:\{\s*(\d+)\s*\}|(\d))"
-    r"|\\dot\s*(?:\{\s*(\d)\s*\}|(\d))(?:(\d*)\\dot\s*(?:\{\s*(\d)\s*\}|(\d)))?)(?P<after>[\d.]?)"
+    r"|\\dot\s*(?:\{\s*(\d)\s*\}|(\d))(?:(\d*)\\dot\s*(?:\{\s*(\d)\s*\}|(\d)))?)"
+    r"(?P<after>\s*(?:[\d.(\[{]|\\[dtc]?frac(?![A-Za-z]))|)"
 )
 # Euler's number written upright or as text: kept apart from any digit before it, so that it is never e-notation
 _EULER_RE = re.compile(r"\\(?:mathrm|text|textrm|mathit|operatorname|mathnormal)\s*\{\s*e\s*\}")
@@ -374,7 +375,8 @@ def _expand_e_notation(s: str) -> str:
 
 def _repeating_decimals(s: str) -> str:
     r"""``0.\overline{3}`` → ``\frac{3}{9}``, ``0.1\overline{6}`` → ``\frac{15}{90}`` (exact); a repeating decimal
-    followed by another digit or a point (``0.\overline{3}3``) refuses the answer."""
+    followed by what would continue a number (a digit, a point, a fraction, a bracket: ``0.\overline{3}3``,
+    ``1.\overline{9}\frac12``) refuses the answer."""
 
     def repl(m: re.Match) -> str:
         if m.group("after"):
@@ -445,9 +447,6 @@ def _normalize(s: Any) -> str:
         s = s.replace(ascii_rel, command)
     if _BOX_RE.search(s):
         s = _unwrap_command(s, _BOX_OPEN_RE)  # a box inside the answer is its content: \boxed{\boxed{5}+1} is 6
-    s = _repeating_decimals(s)
-    if _REFUSED in s:
-        return s
     s = s.strip().rstrip(".").rstrip()  # a full stop after the answer (also after its closing "$")
     # math delimiters
     for _ in range(3):
@@ -461,6 +460,9 @@ def _normalize(s: Any) -> str:
     s = s.replace("\\$", "")  # escaped dollar sign (currency) before removing math-mode $
     s = s.replace("$", "")
     s = s.strip().rstrip(".").rstrip()  # a full stop inside the delimiters
+    s = _repeating_decimals(s)
+    if _REFUSED in s:
+        return s
     s = re.sub(r"\\(?:displaystyle|textstyle|scriptstyle)(?![A-Za-z])", "", s)
     s = re.sub(r"\\(?:left|right)\s*\.", "", s)
     s = re.sub(r"\\(?:left|right|bigl|bigr|Bigl|Bigr|biggl|biggr|big|Big|bigg|Bigg)(?![A-Za-z])", "", s)
@@ -479,7 +481,7 @@ def _normalize(s: Any) -> str:
     # spacing commands (before unit handling, so "5\,\text{cm}" works); "\\" (a row break) stays
     s = re.sub(r"\\\\|\\[,;:! ]", lambda m: m.group(0) if m.group(0) == "\\\\" else " ", s)
     s = re.sub(r"\\(?:q?quad|enspace|thinspace|medspace|thickspace)(?![A-Za-z])", " ", s)
-    s = s.replace("~", " ")
+    s = re.sub(r"  +", " ", s.replace("~", " "))  # spacing commands next to spaces: one space
     s = _LIST_WORD_RE.sub(",", s)
     s = _EULER_RE.sub("{e}", s)
     s = _trailing_words(s.strip(), wrapped=True)

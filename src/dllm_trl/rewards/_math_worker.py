@@ -26,7 +26,7 @@ Values that are undefined (a division by zero: sympy's ``zoo`` or ``nan``, e.g. 
 make the whole answer equal to nothing, itself included.
 
 Protocol (one JSON object per line):
-  parent -> worker (stdin):   {"id": int, "pred": str, "gold": str, "timeout": float}
+  parent -> worker (stdin):   {"id": int, "pred": str, "gold": str, "timeout": float, "final_form": bool}
   worker -> parent (a private duplicate of the original stdout; fd 1 itself is pointed at stderr so
   that library prints cannot corrupt the stream):
       first line: {"ready": true, "backends": {...}}
@@ -684,10 +684,28 @@ def _undefined(answer):
     return False
 
 
-def compare_normalised(p, g):
-    """(equal, stage) of two normalised answers: the string stage, then structure + sympy."""
+# operations that ask for a computation: in final-form mode a prediction may use one only where the gold does
+_UNEVALUATED_RE = re.compile(
+    r"\\(?:i{0,3}int|oint|sum|prod|lim|limsup|liminf|binom|dbinom|tbinom|choose|bmod|pmod|mod|partial|nabla|det"
+    r"|gcd|lcm|max|min)(?![A-Za-z])"
+    r"|(?<![A-Za-z\\])(?:mod|gcd|lcm|max|min|det)(?![A-Za-z])"  # \operatorname{lcm}, \text{mod} once unwrapped
+    r"|(?<![<>=\\])!+(?!=)"  # a factorial
+    r"|\\frac\{d[^{}]*\}\{d[A-Za-z]"  # a derivative d/dx
+)
+
+
+def unevaluated_operations(answer):
+    """The computations a normalised answer asks for (``\\int``, ``\\binom``, ``!``, ``\\bmod``, ``d/dx``...)."""
+    return {m.group(0).lstrip("\\").rstrip("!") or "!" for m in _UNEVALUATED_RE.finditer(answer)}
+
+
+def compare_normalised(p, g, final_form=False):
+    """(equal, stage) of two normalised answers: the string stage, then structure + sympy. With ``final_form`` the
+    prediction ``p`` may ask for no computation (integral, sum, binomial, factorial, mod, ...) that ``g`` does not."""
     if not p or not g:
         return False, "empty"
+    if final_form and not unevaluated_operations(p) <= unevaluated_operations(g):
+        return False, "not-final"
     if p == g:
         if _undefined(p):
             return False, "undefined"
@@ -706,13 +724,15 @@ def compare_normalised(p, g):
     return bool(answers_equal(a, b)), "sympy"
 
 
-def heavy_equal(pred: str, gold: str, timeout: float = 5.0) -> tuple[bool, str]:
+def heavy_equal(pred: str, gold: str, timeout: float = 5.0, final_form: bool = False) -> tuple[bool, str]:
     """Comparison of two answers as written (or already normalised; normalisation is idempotent): cleanup, string
     stage, structure + sympy, all under the time bound. Returns (equal, stage). Never raises (a soft timeout gives
     ``(False, "timeout")``). Uses SIGALRM only when called from the main thread; from another thread (the
     in-process fallback) only the normalised strings are compared."""
     if threading.current_thread() is not threading.main_thread():
         p, g = normalize_math_answer(pred), normalize_math_answer(gold)
+        if final_form and not unevaluated_operations(p) <= unevaluated_operations(g):
+            return False, "not-final"
         return bool(p) and p == g, "string-only"
     use_alarm = bool(timeout and timeout > 0)
 
@@ -726,7 +746,7 @@ def heavy_equal(pred: str, gold: str, timeout: float = 5.0) -> tuple[bool, str]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return compare_normalised(normalize_math_answer(pred), normalize_math_answer(gold))
+            return compare_normalised(normalize_math_answer(pred), normalize_math_answer(gold), final_form)
     except _SoftTimeout:
         return False, "timeout"
     except BaseException:  # RecursionError, MemoryError, ...
@@ -755,7 +775,8 @@ def _main():
     for line in sys.stdin:
         try:
             req = json.loads(line)
-            equal, stage = heavy_equal(str(req["pred"]), str(req["gold"]), float(req.get("timeout", 5.0)))
+            equal, stage = heavy_equal(str(req["pred"]), str(req["gold"]), float(req.get("timeout", 5.0)),
+                                       bool(req.get("final_form", False)))
             resp = {"id": req.get("id"), "equal": bool(equal), "stage": stage}
         except Exception as exc:
             resp = {"id": None, "equal": False, "stage": f"error: {type(exc).__name__}"}
