@@ -300,7 +300,7 @@ _E_NOTATION_ITEM_RE = re.compile(
 )
 # "or" / "and" between answers, with the commas around them: "1, 2, \text{and } 3", "2 or 3", "2, or 3"
 _LIST_WORD_RE = re.compile(
-    r"\s*,?\s*\\text\s*\{\s*,?\s*(?:or|and)\s*,?\s*\}\s*,?\s*|\s*,\s*(?:or|and)\s+|\s+(?:or|and)\s+", re.I
+    r"\s*,?\s*\\text\s*\{\s*,?\s*(?:or|and)\s*,?\s*\}\s*,?\s*|\s*,\s*(?:or|and)\s+|\s+(?:or|and)\s+|(?<=[)\]])\s*or\s*(?=[(\[])", re.I
 )
 _LEADING_VAR_RE = re.compile(r"^\s*(?:[A-Za-z]|\\[A-Za-z]+)(?:_\{?[A-Za-z0-9]+\}?)?\s*(?:=|\\in(?![A-Za-z]))\s*(?P<rest>.+)$")
 # only "x \in S" loses its variable; an assignment "x = 5" keeps its name (the worker compares the names)
@@ -320,7 +320,7 @@ _ARRAY_BEGIN_RE = re.compile(r"\\begin\s*\{array\}\s*\{[^{}]*\}")
 # hyphen, non-breaking hyphen, figure dash, en dash, minus sign, small and fullwidth hyphen-minus
 _MINUS_LOOKALIKES = "\u2010\u2011\u2012\u2013\u2212\ufe63\uff0d"
 _MINUS_TABLE = str.maketrans({c: "-" for c in _MINUS_LOOKALIKES})
-_PERCENT_WORD_RE = re.compile(r"\s*(?:\\text\s*\{\s*percent\s*\}|(?<![A-Za-z])percent)\s*$")
+_PERCENT_WORD_RE = re.compile(r"\s*(?:\\text\s*\{\s*(?:percent|percentage|pct)\s*\}|(?<![A-Za-z])(?:percent|percentage|pct))\s*$")
 
 
 def _vulgar_fractions(s: str) -> str:

@@ -166,7 +166,7 @@ _DECIMAL_RE = re.compile(r"(?<![\d.])(\d+\.\d*|\.\d+)(?![\d.])")
 _LONE_DECIMAL_RE = re.compile(r"^[-+]?(\d+\.\d*|\.\d+)$")
 _MATRIX_RE = re.compile(r"^\\begin\{(pmatrix|bmatrix|Bmatrix|matrix|smallmatrix)\}(.*)\\end\{\1\}$", re.S)
 _PM_RE = re.compile(r"\\(?:pm|mp)(?![A-Za-z])")
-_VAR_RE = re.compile(r"^(?:[A-Za-z]|\\[A-Za-z]+)(?:_\{?[A-Za-z0-9]+\}?)?(?:\([A-Za-z]\))?$")
+_VAR_RE = re.compile(r"^(?:[A-Za-z]|[A-Z]{2}|\\[A-Za-z]+)(?:_\{?[A-Za-z0-9]+\}?)?(?:\([A-Za-z]\))?$")  # AB: a segment
 # a numeral with a base subscript: 1011_2, 1A_{16} (digits 0-9 and upper-case letters, base 2 to 36)
 _BASE_RE = re.compile(r"^([0-9][0-9A-Z]*)_(?:\{(\d{1,2})\}|(\d))$")
 _SUBSCRIPTED_NUMERAL_RE = re.compile(r"(?<![A-Za-z_^\\])\d+_")  # inside an expression: never read
