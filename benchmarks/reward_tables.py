@@ -245,7 +245,7 @@ DECIMAL_COMMA = "strict by design: a comma is a list or thousands separator, nev
 ROUNDING = "strict by design: decimals by their written precision, never rounded to a tolerance"
 LAST_BOX = "by design: a completion's answer is its last box (boxes in a gold are all its answer)"
 ORDERED = "by design: a tuple is not a set or list; a list keeps its multiplicity"
-CHAIN = "by design: a chain of equalities is not read (its steps may be false: 5+5+1 = 7)"
+CHAIN = "by design: a chain of equalities is read only as name = ... = value (its last value)"
 THEIR_GOLD = "their gold is malformed (a literal '\\\\' before 'le' / an unclosed box): ours reads nothing"
 THEIR_EXPECTED = "their expected value is not the mathematics (1 - 1/e is not 1 + 1/e)"
 NO_RENAMING = "by design: variables are not renamed (their strict=False equates f(x) and f(y))"
@@ -260,10 +260,7 @@ DISAGREEMENTS: dict[tuple[str, str], str] = {
     ("0,111", "0.111"): DECIMAL_COMMA,
     ("$(\\begin{pmatrix}\\frac{1}{3}\\\\ \\frac{1}{5} \\end{pmatrix})$", "$\\begin{pmatrix}0.33\\\\0.2 \\end{pmatrix}$"): ROUNDING,
     ("$(\\frac{3}{5},\\frac{8}{3}]$", "$(0.6,2.6667]$"): ROUNDING,
-    ("$x = 11$", "$x = 5+5+1 = 7 =11$"): CHAIN,
-    ("$x = 1/3$", "$x = 5+5+1 = 1/3 \\approx 11$"): CHAIN,
     ("$1 = \\zzz = x = 0$", "$0$"): CHAIN,
-    ("$z = 1 + 1 = 2$", "$z = 3+3 = 2$"): CHAIN,
     ("$(1,3)$", "${1,3}$"): ORDERED,
     ("$(37,3,3,13),(17,3,3,7),(3,37,3,13),(3,17,3,7),(3,3,2,3)$",
      "$\\boxed{(3, 37, 3, 13), (3, 17, 3, 7), (3, 3, 2, 3), (3,17,3,7), (17,3,3,7), (37,3,3,13)}$"): ORDERED,

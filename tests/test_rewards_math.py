@@ -448,3 +448,17 @@ def test_gold_with_several_boxes_is_the_list_of_all():
 def test_box_inside_the_answer_is_its_content():
     assert extract_boxed_answer(r"$\boxed{\boxed{5}+1}$") == r"\boxed{5}+1"
     assert math_reward([r"$\boxed{\boxed{5}+1}$"] * 2, answer=["5", "6"]) == [0.0, 1.0]
+
+
+def test_math_verify_cases_every_disagreement_classified():
+    """Math-Verify's own cases (benchmarks/reward_tables.py): each disagreement with their expected value has a class;
+    the genuine rejections found by the red team (10,\\!080, 5 \\geq x, gold boxes, ', and', AB=4...) agree now."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "reward_tables.py"
+    spec = importlib.util.spec_from_file_location("reward_tables", path)
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    assert len(tables.MATH_VERIFY_CASES) >= 200
+    assert tables.math_verify_table(math_reward) == 0

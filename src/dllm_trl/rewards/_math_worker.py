@@ -303,8 +303,8 @@ def _parse_item(s):
     eq = _split_top(s, {"="})
     if len(eq) >= 2:
         lhs, rhs = eq[0], eq[-1]
-        if len(eq) == 2 and _is_name(lhs):
-            node = parse_answer(rhs)  # x = 5, (x, y) = (1, 2): the name and its value (the names are compared)
+        if _is_name(lhs):
+            node = parse_answer(rhs)  # x = 5, (x, y) = (1, 2), x = 2+3 = 5: the name and its (last) value
             if node is None:
                 return None
             if node[0] == "list":
