@@ -417,9 +417,12 @@ def normalize_math_answer(s: Any) -> str:
     Removes: surrounding ``$``/``\(``/``\[`` delimiters, ``\left``/``\right``/``\big``, ``\displaystyle``, LaTeX
     spacing (``\!`` ``\,`` ``\;`` ``\:`` ``\ `` ``~`` ``\quad``; a row break ``\\`` is kept), degree marks, ``\$``,
     a full stop after the answer, a trailing unit phrase (in a ``\text{}``-like wrapper after a numeric prefix, or
-    plain words after a number and a space), a leading ``x =`` / ``x \in``, thousands separators (``1{,}000``
-    anywhere; ``1,000`` only when the *whole* answer is one number written with 3-digit groups and no spaces, so
-    ``(1,2)`` and ``2, 300`` are lists), all whitespace. A trailing multiplier word multiplies a plain number
+    plain words after a number and a space), a leading ``x \in`` (an assignment ``x = 5`` keeps its name),
+    thousands separators (``1{,}000``, ``10,\!080``, ``1\,000`` anywhere; ``1,000`` and ``1 000`` only when the
+    *whole* answer is one number written with 3-digit groups, so ``(1,2)`` and ``2, 300`` are lists), whitespace
+    (a command keeps one space before a letter; two digits separated by a space refuse the answer). A box inside the
+    answer is unwrapped; repeating decimals become exact fractions; ``\mathrm{e}`` is Euler's ``{e}``; ``>=`` is
+    ``\geq``; an ``array`` is a ``matrix``. A trailing multiplier word multiplies a plain number
     (``5 million`` → ``5000000``); another number word (``3 squared``, ``2 halves``) refuses the answer; a single
     letter is never a unit unless it is an SI symbol (m, g, s, h, l), so ``1+2\mathrm{i}`` → ``1+2i``. Keeps ``\%``
     as ``%`` (the percent rule needs it), writes ``or`` / ``and`` between answers as ``,``, expands e-notation
