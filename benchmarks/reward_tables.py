@@ -253,6 +253,7 @@ SEMICOLON = "open: ';' as a separator (0;-2;6) is not read"
 NAMED_QUANTITY = "open: a named quantity other than a variable, function or segment (|AB|, A:B, NO/BO) is not a name"
 RATIO = "open: a ratio a:b is not read"
 FUNCTION_RELATION = "open: an inequality on f(x) rather than on a variable is not read"
+NAMES_PAIR = "by design: two or more names pair their values; a bare list does not say which value is which"
 SEPARATED_BOXES = "by design: a gold's boxes are all its answer, whatever text separates them"
 DISAGREEMENTS: dict[tuple[str, str], str] = {
     ("1000.99", "1000,99"): DECIMAL_COMMA,
@@ -280,6 +281,8 @@ DISAGREEMENTS: dict[tuple[str, str], str] = {
     ("$$A:B=1$$", "$$1$$"): NAMED_QUANTITY,
     ("$0<f(x)<1$", "$(0,1)$"): FUNCTION_RELATION,
     ("\\boxed{1} no no no no no \\boxed{2}", "$\\boxed{1,2}$"): SEPARATED_BOXES,
+    ("$AB=4,CD=5$", "$\\boxed{4, 5}$"): NAMES_PAIR,
+    ("\\boxed{x = -5,\\ p = \\frac{14}{3}} ", "$\\boxed{-5, \\frac{14}{3}}$"): NAMES_PAIR,
 }
 
 

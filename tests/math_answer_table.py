@@ -448,7 +448,9 @@ MATH_TABLE = [
     # --- issue 31: named assignments keep their names ------------------------------------------------------------------
     ("x = 3, y = 2", "x = 2, y = 3", F, "assignment-names"),
     ("x = 3, y = 2", "y = 2, x = 3", T, "assignment-names"),
-    ("x = 3, y = 2", "3, 2", T, "assignment-names"),  # a bare gold: the values, as a list
+    ("x = 3, y = 2", "3, 2", F, "assignment-names"),  # two names pair the values; a bare list does not
+    ("x = 3, y = 2", "2, 3", F, "assignment-names"),
+    ("x = 2, x = 3", "3, 2", T, "assignment-names"),  # one name: the values, as a list
     ("p=5, q=2", "p=2, q=5", F, "assignment-names"),
     ("p=5, q=2", "q = 2, p = 5", T, "assignment-names"),
     ("x_1 = 3, x_2 = 2", "x_1 = 2, x_2 = 3", F, "assignment-names"),

@@ -605,6 +605,15 @@ def _assignment_equal(a, b):
     return answers_equal(named[2], other)
 
 
+def _unpaired(xs, ys):
+    """One side names two or more variables (``x = 3, y = 2``) and the other has an unnamed item (``2, 3``): the
+    names say which value is which, the bare list does not, so the two are not equal."""
+    for one, other in ((xs, ys), (ys, xs)):
+        if len({n[1] for n in one if n[0] == "assign"}) >= 2 and any(n[0] != "assign" for n in other):
+            return True
+    return False
+
+
 def _numeral_equal(a, b):
     """A base numeral (``1011_2``) is its value (11); against a plain integer it also matches the integer written
     with the same digits (``1011``), the answer without its subscript."""
@@ -642,6 +651,8 @@ def answers_equal(a, b):
     if ka == "text" or kb == "text":
         if ka == kb == "text" and a[1] == b[1]:
             return True
+        return False
+    if {ka, kb} <= {"list", "set"} and _unpaired(a[1], b[1]):
         return False
     if ka == "list" and kb == "list":
         return _match_all(a[1], b[1])
