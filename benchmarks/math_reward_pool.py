@@ -187,7 +187,8 @@ def measure_reward(pairs) -> dict:
     t1 = time.perf_counter()
     batched = math_reward([c for c, _ in pairs], [g for _, g in pairs])
     t2 = time.perf_counter()
-    return {"single": t1 - t0, "batched": t2 - t1, "scores": single, "differ": sum(a != b for a, b in zip(single, batched))}
+    differ = sum(a != b for a, b in zip(single, batched))
+    return {"single": t1 - t0, "batched": t2 - t1, "scores": single, "differ": differ}
 
 
 def run_here(args, rounds: int) -> dict:

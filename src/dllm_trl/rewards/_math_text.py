@@ -181,6 +181,8 @@ def _is_number_word(lw: str) -> bool:
         if stem in _NUMBER_STEMS or (m.group(0).startswith("ieth") and stem + "y" in _NUMBER_STEMS):
             return True
     return False
+
+
 _PHRASE_TEXT_RE = re.compile(r"[A-Za-z][A-Za-z\s./]{0,60}(?:\^\{?[23]\}?)?")
 
 
@@ -300,11 +302,15 @@ _E_NOTATION_ITEM_RE = re.compile(
 )
 # "or" / "and" between answers, with the commas around them: "1, 2, \text{and } 3", "2 or 3", "2, or 3"
 _LIST_WORD_RE = re.compile(
-    r"\s*,?\s*\\text\s*\{\s*,?\s*(?:or|and)\s*,?\s*\}\s*,?\s*|\s*,\s*(?:or|and)\s+|\s+(?:or|and)\s+|(?<=[)\]])\s*or\s*(?=[(\[])", re.I
+    r"\s*,?\s*\\text\s*\{\s*,?\s*(?:or|and)\s*,?\s*\}\s*,?\s*|\s*,\s*(?:or|and)\s+|\s+(?:or|and)\s+"
+    r"|(?<=[)\]])\s*or\s*(?=[(\[])",
+    re.I,
 )
 _LEADING_VAR_RE = re.compile(r"^\s*(?:[A-Za-z]|\\[A-Za-z]+)(?:_\{?[A-Za-z0-9]+\}?)?\s*(?:=|\\in(?![A-Za-z]))\s*(?P<rest>.+)$")
 # only "x \in S" loses its variable; an assignment "x = 5" keeps its name (the worker compares the names)
-_LEADING_MEMBER_RE = re.compile(r"^\s*(?:[A-Za-z]|\\[A-Za-z]+)(?:_\{?[A-Za-z0-9]+\}?)?\s*\\in(?![A-Za-z])\s*(?P<rest>.+)$")
+_LEADING_MEMBER_RE = re.compile(
+    r"^\s*(?:[A-Za-z]|\\[A-Za-z]+)(?:_\{?[A-Za-z0-9]+\}?)?\s*\\in(?![A-Za-z])\s*(?P<rest>.+)$"
+)
 # a repeating decimal: 0.\overline{3}, 0.1\overline{6}, 0.\bar6, 0.\dot3, 0.\dot{1}4\dot{2} (the dots mark the period)
 _REPEATING_RE = re.compile(
     r"(?<![\d.])(\d*)\.(\d*)(?:\\(?:overline|bar)\s*(?:\{\s*(\d+)\s*\}|(\d))"
@@ -320,7 +326,9 @@ _ARRAY_BEGIN_RE = re.compile(r"\\begin\s*\{array\}\s*\{[^{}]*\}")
 # hyphen, non-breaking hyphen, figure dash, en dash, minus sign, small and fullwidth hyphen-minus
 _MINUS_LOOKALIKES = "\u2010\u2011\u2012\u2013\u2212\ufe63\uff0d"
 _MINUS_TABLE = str.maketrans({c: "-" for c in _MINUS_LOOKALIKES})
-_PERCENT_WORD_RE = re.compile(r"\s*(?:\\text\s*\{\s*(?:percent|percentage|pct)\s*\}|(?<![A-Za-z])(?:percent|percentage|pct))\s*$")
+_PERCENT_WORD_RE = re.compile(
+    r"\s*(?:\\text\s*\{\s*(?:percent|percentage|pct)\s*\}|(?<![A-Za-z])(?:percent|percentage|pct))\s*$"
+)
 
 
 def _vulgar_fractions(s: str) -> str:
