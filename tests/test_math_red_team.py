@@ -7,11 +7,15 @@ a digit changed, a minus dropped or inserted, a fraction turned over or divided 
 (``i``, ``e``, ``x``, ``\pi``, also as ``\mathrm{i}`` or ``\text{ x}``), the answer wrapped in ``\text{}``, a unit
 word or a number word added, a set or list element repeated, an interval's brackets or endpoints exchanged,
 a minus written with a unicode look-alike, ``\frac{1}{2}`` written ``½``, a trailing full stop, thousands
-separators, a run of whitespace, an implicit product ``2(…)``, a multiple-choice letter doubled.
+separators, a run of whitespace, an implicit product ``2(…)``, a multiple-choice letter doubled; and for the rules
+of issue 31: two named values exchanged or a name changed, an integer written in another base with its subscript
+(sometimes under a wrong base), a fraction written as its repeating decimal or a number with a period of nines,
+Euler's e added inside an expression (``+2e-2e``, ``+2\mathrm{e}-2``), a space between two digits.
 
 The verdict on each mutant comes from :class:`Ref`, written here for the restricted grammar the mutations produce
-(integers, decimals, fractions, ``+ - \cdot \times / ^``, the symbols ``i e x \pi`` to the first power, percent,
-sets, lists, tuples and intervals, choice letters, unit words and number words) with exact ``Fraction``
+(integers, decimals, repeating decimals, base numerals, fractions, ``+ - \cdot \times / ^``, the symbols
+``i e x \pi`` to the first power, percent, sets, lists, tuples and intervals, named values, choice letters, unit
+words and number words) with exact ``Fraction``
 arithmetic, and the documented rules (``docs/rewards.md``) spelled out on that grammar: never the reward under
 test. A mutant the reference cannot read is left out (and counted). The reward must agree with the reference:
 1.0 where the value is kept, 0.0 where it changed or is undefined.
