@@ -243,7 +243,7 @@ MATH_VERIFY_CASES = [
 EXTRACTION = "extraction: no box in the prediction (ours reads the last \\boxed{} only, theirs any answer-like span)"
 DECIMAL_COMMA = "strict by design: a comma is a list or thousands separator, never a decimal comma"
 ROUNDING = "strict by design: decimals by their written precision, never rounded to a tolerance"
-LAST_BOX = "by design: a completion's answer is its last box (boxes in a gold are all its answer)"
+LAST_BOX = "by design: a completion's answer is its last box, with the boxes only separators divide from it"
 ORDERED = "by design: a tuple is not a set or list; a list keeps its multiplicity"
 CHAIN = "by design: a chain of equalities is read only as name = ... = value (its last value)"
 THEIR_GOLD = "their gold is malformed (a literal '\\\\' before 'le' / an unclosed box): ours reads nothing"
@@ -282,6 +282,10 @@ DISAGREEMENTS: dict[tuple[str, str], str] = {
     ("$0<f(x)<1$", "$(0,1)$"): FUNCTION_RELATION,
     ("\\boxed{1} no no no no no \\boxed{2}", "$\\boxed{1,2}$"): SEPARATED_BOXES,
     ("$AB=4,CD=5$", "$\\boxed{4, 5}$"): NAMES_PAIR,
+    ("$x_{1}=10^{\\frac{-5+\\sqrt{13}}{6}},\\quadx_{2}=10^{\\frac{-5-\\sqrt{13}}{6}}$",
+     "$\\boxed{10^{\\frac{\\sqrt{13} - 5}{6}}} \\quad \\text{and} \\quad \\boxed{10^{-\\frac{5 + \\sqrt{13}}{6}}}$"): NAMES_PAIR,
+    ("$x_{1}=\\frac{1}{2}+\\frac{31\\sqrt{5}}{216},\\quadx_{2}=\\frac{1}{2}-\\frac{31\\sqrt{5}}{216}$",
+     "$\\boxed{\\dfrac{108 + 31\\sqrt{5}}{216}} \\quad \\text{and} \\quad \\boxed{\\dfrac{108 - 31\\sqrt{5}}{216}}$"): NAMES_PAIR,
     ("\\boxed{x = -5,\\ p = \\frac{14}{3}} ", "$\\boxed{-5, \\frac{14}{3}}$"): NAMES_PAIR,
 }
 

@@ -171,7 +171,11 @@ def test_answer_table():
     "text,expected",
     [
         (r"so \boxed{5}.", "5"),
-        (r"first \boxed{1}, then \boxed{2}", "2"),  # last box wins
+        (r"first \boxed{1}, then \boxed{2}", "2"),  # last box wins (a word between two boxes ends the answer)
+        (r"\boxed{1} and \boxed{-2}", "1, -2"),  # boxes that only separators divide: one answer, a list
+        (r"$\boxed{(2, 2)}$ \quad \text{and} \quad $\boxed{(6, 2)}$", "(2, 2), (6, 2)"),
+        (r"\boxed{1}, \boxed{2}, \boxed{3}", "1, 2, 3"),
+        (r"\boxed{1}. So \boxed{2}", "2"),
         (r"\boxed{\frac{1}{\sqrt{2}}}", r"\frac{1}{\sqrt{2}}"),  # nested braces
         (r"\boxed{\{1,2\}}", r"\{1,2\}"),  # escaped braces are not grouping braces
         (r"$\boxed 5$", "5"),  # no braces
@@ -443,6 +447,9 @@ def test_gold_with_several_boxes_is_the_list_of_all():
     assert extract_gold_answer(gold) == "1, -2"
     assert math_reward([r"\boxed{-2}", r"\boxed{1,-2}", r"\boxed{-2, 1}"], answer=[gold] * 3) == [0.0, 1.0, 1.0]
     assert extract_boxed_answer(r"first \boxed{1}, then \boxed{2}") == "2"  # a completion: its last box
+    hedges = [r"\boxed{1} or \boxed{-2}", r"\boxed{-2} and \boxed{1}", r"\boxed{1}, \boxed{-2}, \boxed{3}"]
+    assert math_reward(hedges, answer=["-2"] * 3) == [0.0, 0.0, 0.0]  # a completion's list of boxes is one list
+    assert math_reward(hedges, answer=[gold] * 3) == [1.0, 1.0, 0.0]
 
 
 def test_box_inside_the_answer_is_its_content():

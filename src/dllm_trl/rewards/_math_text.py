@@ -71,39 +71,50 @@ def extract_boxed_answer(text: str | None) -> str | None:
     "Last" means the last box that is not nested inside another one; if that box's content is
     itself a single box (``\boxed{\boxed{5}}``) it is unwrapped. If the last box is unclosed
     (truncated output) the result is ``None`` — an earlier box is *not* used instead, because it is
-    typically an intermediate result. Returns ``None`` when there is no box.
+    typically an intermediate result. Boxes before the last one that only separators divide from it (commas,
+    ``and`` / ``or``, spacing, math delimiters: ``\boxed{1} and \boxed{-2}``) are part of the answer, which is
+    then the list of their contents (``1, -2``); a word between two boxes (``\boxed{1}, then \boxed{2}``) ends it.
+    Returns ``None`` when there is no box.
     """
     if not isinstance(text, str) or not text:
         return None
-    last: str | None = None
-    found_any = False
-    end = -1
-    for m in _BOX_RE.finditer(text):
-        if m.start() < end:
-            continue  # nested inside the previous box
-        content, end = _box_at(text, m)
-        found_any = True
-        last = content
-    if not found_any or last is None:
+    boxes = _top_level_boxes(text)
+    if not boxes or boxes[-1][2] is None:
         return None
-    last = last.strip()
-    inner = _BOX_RE.match(last)
+    first = len(boxes) - 1
+    while first > 0 and boxes[first - 1][2] is not None and _BOX_SEPARATOR_RE.fullmatch(
+        text[boxes[first - 1][1] : boxes[first][0]]
+    ):
+        first -= 1
+    return ", ".join(_unwrap_single_box(content.strip()) for _, _, content in boxes[first:])  # type: ignore[union-attr]
+
+
+def _unwrap_single_box(content: str) -> str:
+    inner = _BOX_RE.match(content)
     if inner is not None:
-        content, e = _box_at(last, inner)
-        if content is not None and e == len(last):
-            last = content.strip()
-    return last
+        unwrapped, e = _box_at(content, inner)
+        if unwrapped is not None and e == len(content):
+            return unwrapped.strip()
+    return content
 
 
-def _top_level_boxes(text: str) -> list[str | None]:
-    """Contents of the boxes of ``text`` that are not nested in another box (``None`` for an unclosed one)."""
-    out: list[str | None] = []
+# what may stand between two boxes of one final answer: commas, "and" / "or", spacing, math delimiters
+_BOX_SEPARATOR_RE = re.compile(
+    r"(?:\s|[,;$]|\\[()\[\]]|\\(?:q?quad|[,;:! ])|~|\\text\s*\{\s*,?\s*(?:and|or)?\s*\}"
+    r"|(?<![A-Za-z])(?:and|or)(?![A-Za-z]))*"
+)
+
+
+def _top_level_boxes(text: str) -> list[tuple[int, int, str | None]]:
+    """(start, end, content) of the boxes of ``text`` that are not nested in another box (content ``None`` for an
+    unclosed one)."""
+    out: list[tuple[int, int, str | None]] = []
     end = -1
     for m in _BOX_RE.finditer(text):
         if m.start() < end:
             continue
         content, end = _box_at(text, m)
-        out.append(content)
+        out.append((m.start(), end, content))
     return out
 
 
@@ -118,7 +129,7 @@ def extract_gold_answer(answer: Any) -> str | None:
     if not isinstance(answer, str):
         answer = str(answer)
     if _BOX_RE.search(answer):
-        boxes = _top_level_boxes(answer)
+        boxes = [content for _, _, content in _top_level_boxes(answer)]
         if len(boxes) > 1 and all(b is not None and b.strip() for b in boxes):
             return ", ".join(b.strip() for b in boxes)  # type: ignore[union-attr]
         boxed = extract_boxed_answer(answer)
