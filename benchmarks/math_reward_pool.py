@@ -4,6 +4,13 @@
     git worktree add --detach /tmp/main-rewards main
     python benchmarks/math_reward_pool.py --baseline /tmp/main-rewards     # and another checkout's, same run
     python benchmarks/math_reward_pool.py --pebble       # and a pebble ProcessPool (needs: pip install pebble)
+    python benchmarks/math_reward_pool.py --reward --baseline /tmp/main-rewards   # math_reward itself, both checkouts
+
+``--reward`` measures ``math_reward`` end to end (extraction, the worker's cleanup and comparison) on the answer
+table's rows as written (``\\boxed{pred}`` completions against their golds, cycled to ``--pairs``; no slow or
+pathological pairs), two ways: one pair per call (``math_reward([c], [g])`` in a loop, as a per-sample scorer does)
+and batched (one ``math_reward`` call for all pairs: ``--workers`` threads and worker processes). Each is
+reported in pairs per second, best round.
 
 The pairs are the rows of ``tests/math_answer_table.py`` that reach the worker (their normalised strings differ),
 cycled to ``--pairs``, with ``--slow`` slow-but-finishing sympy comparisons (polynomial expansion, nested
@@ -164,12 +171,41 @@ def measure(pool, pairs, workers: int, timeout: float) -> tuple[float, list[bool
     return time.perf_counter() - t0, results
 
 
+def reward_pairs(n_pairs: int) -> list[tuple[str, str]]:
+    """The answer table's rows as written: (completion with the prediction boxed, gold), cycled to ``n_pairs``."""
+    rows = [(f"so the answer is $\\boxed{{{p}}}$.", g) for p, g, _, _ in _table_rows()]
+    return [rows[i % len(rows)] for i in range(n_pairs)]
+
+
+def measure_reward(pairs) -> dict:
+    """Seconds for ``math_reward`` one pair per call, then batched (workers started and warm before the clock)."""
+    from dllm_trl.rewards import math_reward
+
+    math_reward([pairs[0][0]] * 4, [pairs[0][1]] * 4)  # start the worker processes
+    t0 = time.perf_counter()
+    single = [math_reward([c], [g])[0] for c, g in pairs]
+    t1 = time.perf_counter()
+    batched = math_reward([c for c, _ in pairs], [g for _, g in pairs])
+    t2 = time.perf_counter()
+    differ = sum(a != b for a, b in zip(single, batched))
+    return {"single": t1 - t0, "batched": t2 - t1, "scores": single, "differ": differ}
+
+
 def run_here(args, rounds: int) -> dict:
     if args.parent_torch:
         import torch  # noqa: F401
 
     import dllm_trl
 
+    if args.reward:
+        pairs = reward_pairs(args.pairs)
+        out = {"source": os.path.dirname(dllm_trl.__file__), "pairs": len(pairs), "reward": {}}
+        for _ in range(rounds):
+            r = measure_reward(pairs)
+            for key in ("single", "batched"):
+                out["reward"].setdefault(key, []).append(r[key])
+            out["reward"]["scores"], out["reward"]["differ"] = r["scores"], r["differ"]
+        return out
     pairs = make_pairs(args.pairs, args.slow, args.timeouts)
     makers = [lambda: HandWritten(args.workers)]
     if args.pebble:
@@ -207,6 +243,10 @@ def run_baseline(args) -> dict:
 def _merge(total: dict | None, part: dict) -> dict:
     if total is None:
         return part
+    if "reward" in part:
+        for key in ("single", "batched"):
+            total["reward"][key] += part["reward"][key]
+        return total
     for name, e in part["pools"].items():
         for key in ("seconds", "start"):
             total["pools"][name][key] += e[key]
@@ -215,6 +255,14 @@ def _merge(total: dict | None, part: dict) -> dict:
 
 def report(label: str, out: dict, reference: list[bool] | None) -> list[bool] | None:
     print(f"{label}: dllm_trl from {out['source']}, {out['pairs']} pairs")
+    if "reward" in out:
+        r = out["reward"]
+        for key, what in (("single", "math_reward, one pair per call"), ("batched", "math_reward, one batched call")):
+            best = min(r[key])
+            print(f"  {what:45s} {out['pairs'] / best:7.1f} pairs/s  (best {best:.2f} s of "
+                  f"{', '.join(f'{x:.2f}' for x in r[key])})")
+        print(f"  {'':45s} scored 1: {sum(x == 1.0 for x in r['scores'])}; batched differs on {r['differ']} pairs")
+        return reference
     for name, e in out["pools"].items():
         best = min(e["seconds"])
         rss = ", ".join(f"{r:.0f}" for r in e["worker_rss_mb"])
@@ -242,6 +290,7 @@ def main() -> None:
     ap.add_argument("--pebble-context", default="forkserver", choices=["fork", "spawn", "forkserver"])
     ap.add_argument("--parent-torch", action="store_true", help="import torch in this process first (as a trainer)")
     ap.add_argument("--baseline", help="another checkout: its pool is measured in a subprocess, same arguments")
+    ap.add_argument("--reward", action="store_true", help="measure math_reward itself: one pair per call, batched")
     ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.json:

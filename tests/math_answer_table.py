@@ -183,7 +183,7 @@ MATH_TABLE = [
     ("k = 7", "#### 7", T, "assignment"),
     ("n=7", "8", F, "assignment"),
     ("x=5", "x=6", F, "assignment"),
-    ("y=5", "x=5", T, "assignment"),
+    ("y=5", "x=5", F, "assignment"),  # both named: the names are compared
     (r"f(x) = x^2", "x^2", T, "assignment"),
     ("(x,y)=(1,2)", "(1,2)", T, "assignment"),
     ("(x,y)=(2,1)", "(1,2)", F, "assignment"),
@@ -332,7 +332,7 @@ MATH_TABLE = [
     ("no", "on", F, "text"),
     # --- bases ------------------------------------------------------------------------------------------------------------
     ("1011_2", "1011", T, "base"),
-    ("1011_2", "11", F, "base"),
+    ("1011_2", "11", T, "base"),  # the numeral's value
     ("1011_{2}", "1011_2", T, "base"),
     # --- infinity ---------------------------------------------------------------------------------------------------------
     (r"\infty", r"\infty", T, "exact"),
@@ -445,6 +445,132 @@ MATH_TABLE = [
     ("0.3333330", r"\frac13", F, "decimal-precision"),
     ("0.3333333330", r"\frac13", F, "decimal-precision"),
     ("0.3333330", "0.333333", T, "decimal-exact"),
+    # --- issue 31: named assignments keep their names ------------------------------------------------------------------
+    ("x = 3, y = 2", "x = 2, y = 3", F, "assignment-names"),
+    ("x = 3, y = 2", "y = 2, x = 3", T, "assignment-names"),
+    ("x = 3, y = 2", "3, 2", F, "assignment-names"),  # two names pair the values; a bare list does not
+    ("x = 3, y = 2", "2, 3", F, "assignment-names"),
+    ("x = 2, x = 3", "3, 2", T, "assignment-names"),  # one name: the values, as a list
+    ("p=5, q=2", "p=2, q=5", F, "assignment-names"),
+    ("p=5, q=2", "q = 2, p = 5", T, "assignment-names"),
+    ("x_1 = 3, x_2 = 2", "x_1 = 2, x_2 = 3", F, "assignment-names"),
+    ("x_{1} = 3, x_2 = 2", "x_2 = 2, x_1 = 3", T, "assignment-names"),
+    (r"\{x=3,y=2\}", r"\{x=2,y=3\}", F, "assignment-names"),
+    (r"\{x=3,y=2\}", r"\{y=2,x=3\}", T, "assignment-names"),
+    ("a = 4, b = 4", "a = 4, c = 4", F, "assignment-names"),
+    ("n = 7", "k = 7", F, "assignment-names"),
+    ("x = 2, x = 3", "x = 3, 2", T, "assignment-names"),
+    ("a = 1, b = -2, c = 3", "c = 3, a = 1, b = -2", T, "assignment-names"),
+    (r"m = \frac12, n = 4", "n = 4, m = 0.5", T, "assignment-names"),
+    ("x = -1, y = 4", "y = 4, x = -1", T, "assignment-names"),
+    ("p = 7, q = 3", "q=3, p=7", T, "assignment-names"),
+    (r"x = \pm 3", "x = 3, x = -3", T, "assignment-names"),
+    # --- issue 31: an equation and its rearrangement -----------------------------------------------------------------------
+    ("2x+3 = y", "y = 2x+3", T, "equation"),
+    ("y = 2x+3", "x = \\frac{y-3}{2}", T, "equation"),
+    ("y = 2x+3", "y = 2x-3", F, "equation"),
+    ("2x+3 = y", "y = 3x+2", F, "equation"),
+    # --- issue 31: Euler's e inside an expression is never e-notation ------------------------------------------------------
+    ("e^2 - 2e + 1", "e^2-20", F, "e-notation"),
+    ("e^2 - 2e + 1", "(e-1)^2", T, "e-notation"),
+    (r"2\mathrm{e}+1", "20", F, "e-notation"),
+    (r"2\mathrm{e}+1", "1+2e", T, "e-notation"),
+    (r"3\mathrm{e}-2", "1", F, "e-notation"),
+    ("2e-3", "0.002", T, "e-notation"),  # a lone number in e-notation stays e-notation
+    ("1e3, 2e3", "1000, 2000", T, "e-notation"),
+    # --- issue 31: repeating decimals --------------------------------------------------------------------------------------
+    (r"0.\overline{3}", r"\frac13", T, "repeating-decimal"),
+    (r"0.\overline{3}", "0", F, "repeating-decimal"),
+    (r"0.\overline{3}", "0.3", F, "repeating-decimal"),
+    (r"0.\bar6", r"\frac23", T, "repeating-decimal"),
+    (r"0.\bar{6}", "0.6", F, "repeating-decimal"),
+    (r"0.\dot3", r"\frac13", T, "repeating-decimal"),
+    (r"0.1\overline{6}", r"\frac16", T, "repeating-decimal"),
+    (r"0.\overline{142857}", r"\frac17", T, "repeating-decimal"),
+    (r"2.\overline{45}", r"\frac{27}{11}", T, "repeating-decimal"),
+    (r"-0.\overline{3}", r"-\frac13", T, "repeating-decimal"),
+    (r"0.\dot{1}4\dot{2}", r"\frac{142}{999}", T, "repeating-decimal"),
+    (r"0.\overline{3}3", r"\frac13", F, "repeating-decimal"),  # digits after the period: not a numeral
+    # --- issue 31: base subscripts -----------------------------------------------------------------------------------------
+    ("1011_3", "1011_2", F, "base"),
+    ("1011_3", "31", T, "base"),
+    ("10_{16}", "16", T, "base"),
+    ("1A_{16}", "26", T, "base"),
+    ("1012_2", "1012", F, "base"),  # 2 is no base-2 digit: not a numeral
+    ("1011_2", "1010_2", F, "base"),
+    ("1011_2 + 1", "12", F, "base"),  # a subscripted numeral inside an expression is not read
+    # --- issue 31: nested boxes --------------------------------------------------------------------------------------------
+    ("5", r"\boxed{\boxed{5}+1}", F, "nested-box"),
+    ("6", r"\boxed{\boxed{5}+1}", T, "nested-box"),
+    # --- issue 31: number words outside the lists ----------------------------------------------------------------------------
+    (r"5\text{ twelfths}", "5", F, "units"),
+    (r"5\text{ twelfths}", r"\frac{5}{12}", F, "units"),
+    ("3 sevenths", "3", F, "units"),
+    (r"4\text{ sixteenths}", "4", F, "units"),
+    (r"2\text{ twenties}", "2", F, "units"),
+    (r"5\text{ apples}", "5", T, "units"),
+    (r"3\text{ seconds}", "3", T, "units"),
+    # --- issue 31: double factorial, digits split by a space, composition --------------------------------------------------
+    ("5!!", "120!", F, "factorial"),
+    ("5!!", "15", T, "factorial"),
+    ("6!!", "48", T, "factorial"),
+    ("(5!)!", "120!", T, "factorial"),
+    ("2 3", "23", F, "digit-space"),
+    ("2 3", "6", F, "digit-space"),
+    ("1 1/2", "11/2", F, "digit-space"),
+    ("10 000", "10000", T, "digit-space"),  # 3-digit groups, the whole answer: thousands
+    (r"\frac 1 2", "0.5", T, "digit-space"),
+    (r"f \circ g", "fg", F, "composition"),
+    (r"f \circ g", r"f\circ g", T, "composition"),
+    (r"f \circ g", r"g \circ f", F, "composition"),
+    # --- issue 31: golds with several boxes --------------------------------------------------------------------------------
+    ("-2", r"The roots are $\boxed{1}$ and $\boxed{-2}$.", F, "gold-boxes"),
+    ("1", r"The roots are $\boxed{1}$ and $\boxed{-2}$.", F, "gold-boxes"),
+    ("1,-2", r"The roots are $\boxed{1}$ and $\boxed{-2}$.", T, "gold-boxes"),
+    ("-2, 1", r"The roots are $\boxed{1}$ and $\boxed{-2}$.", T, "gold-boxes"),
+    (r"x = 1 \text{ or } x = -2", r"The roots are $\boxed{1}$ and $\boxed{-2}$.", T, "gold-boxes"),
+    # --- issue 31: MATH's thousands separator 10,\!080 --------------------------------------------------------------------
+    (r"10,\!080", "10080", T, "thousands"),
+    ("10080", r"10,\!080", T, "thousands"),
+    (r"10,\!080", "10, 80", F, "thousands"),
+    (r"10,\!080", "10, 080", F, "thousands"),
+    (r"1,\!000,\!000", "1000000", T, "thousands"),
+    (r"11,\! 111,\! 111,\! 100", "11111111100", T, "thousands"),
+    (r"1\,000", "1000", T, "thousands"),
+    # --- issue 31: LaTeX commands before a letter, relations written in ASCII ------------------------------------------------
+    (r"5 \geq x", r"x \le 5", T, "inequality"),
+    (r"5 \geq x", "(-\\infty, 5]", T, "inequality"),
+    (r"5 \geq x", "x < 5", F, "inequality"),
+    ("x >= 5", r"[5, \infty)", T, "inequality"),
+    ("x >= 5", r"x \geq 5", T, "inequality"),
+    ("x <= 2", r"x \le 2", T, "inequality"),
+    ("x != 3", r"x \neq 3", T, "inequality"),
+    ("x >= 5", "x > 5", F, "inequality"),
+    (r"x \cdot y", r"y\cdot x", T, "expression"),
+    (r"x \cdot y", "xy", F, "expression"),  # letters only: a word (see the word rule)
+    (r"x \cdot y", "x+y", F, "expression"),
+    (r"a \times b", r"a \cdot b", T, "expression"),
+    (r"1 \pm i", "1+i, 1-i", T, "plus-minus"),
+    (r"1 \pm i", "1+i", F, "plus-minus"),
+    (r"\sqrt x", r"\sqrt{x}", T, "expression"),
+    (r"\sqrt x", "x", F, "expression"),
+    (r"\sin x", r"\sin(x)", T, "expression"),
+    # --- issue 31: lists written with "and", array matrices, lowercase choices ---------------------------------------------
+    (r"1, 2, \text{and } 3", "1, 2, 3", T, "or-list"),
+    (r"1, 2, \text{ and } 3", "3, 2, 1", T, "or-list"),
+    (r"1, 2, \text{and } 3", "1, 2", F, "or-list"),
+    (r"\left[\begin{array}{cc}1 & 2 \\ 3 & 4\end{array}\right]", r"\begin{pmatrix}1&2\\3&4\end{pmatrix}", T, "matrix"),
+    (r"\left(\begin{array}{cc}1 & 2 \\ 3 & 4\end{array}\right)", r"\begin{pmatrix}1&2\\3&5\end{pmatrix}", F, "matrix"),
+    (r"\begin{array}{c}1\\2\end{array}", "(1,2)", T, "matrix"),
+    ("(c)", "C", T, "choice"),
+    ("(c)", "(C)", T, "choice"),
+    (r"\text{(c)}", r"\textbf{(C)}", T, "choice"),
+    ("(c)", "(D)", F, "choice"),
+    # --- issue 31: restatements (default: a value-equal unevaluated answer is credited; see final_form) ----------------------
+    (r"\int_0^1 x^2 dx", r"\frac13", T, "restatement"),
+    (r"\binom{10}{3}", "120", T, "restatement"),
+    (r"2^{100} \bmod 7", "2", F, "restatement"),  # \bmod is not read: equal to nothing
+    (r"\int_0^1 x^2 dx", r"\frac12", F, "restatement"),
     # --- never equal: empty, prose, hedges, malformed ----------------------------------------------------------------------
     ("", "5", F, "empty"),
     (r"\text{the answer is 5}", "5", F, "text"),

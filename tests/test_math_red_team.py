@@ -7,11 +7,15 @@ a digit changed, a minus dropped or inserted, a fraction turned over or divided 
 (``i``, ``e``, ``x``, ``\pi``, also as ``\mathrm{i}`` or ``\text{ x}``), the answer wrapped in ``\text{}``, a unit
 word or a number word added, a set or list element repeated, an interval's brackets or endpoints exchanged,
 a minus written with a unicode look-alike, ``\frac{1}{2}`` written ``½``, a trailing full stop, thousands
-separators, a run of whitespace, an implicit product ``2(…)``, a multiple-choice letter doubled.
+separators, a run of whitespace, an implicit product ``2(…)``, a multiple-choice letter doubled; and for the rules
+of issue 31: two named values exchanged or a name changed, an integer written in another base with its subscript
+(sometimes under a wrong base), a fraction written as its repeating decimal or a number with a period of nines,
+Euler's e added inside an expression (``+2e-2e``, ``+2\mathrm{e}-2``), a space between two digits.
 
 The verdict on each mutant comes from :class:`Ref`, written here for the restricted grammar the mutations produce
-(integers, decimals, fractions, ``+ - \cdot \times / ^``, the symbols ``i e x \pi`` to the first power, percent,
-sets, lists, tuples and intervals, choice letters, unit words and number words) with exact ``Fraction``
+(integers, decimals, repeating decimals, base numerals, fractions, ``+ - \cdot \times / ^``, the symbols
+``i e x \pi`` to the first power, percent, sets, lists, tuples and intervals, named values, choice letters, unit
+words and number words) with exact ``Fraction``
 arithmetic, and the documented rules (``docs/rewards.md``) spelled out on that grammar: never the reward under
 test. A mutant the reference cannot read is left out (and counted). The reward must agree with the reference:
 1.0 where the value is kept, 0.0 where it changed or is undefined.
@@ -58,17 +62,26 @@ NEVER = ("never",)  # an answer equal to nothing (undefined, refused)
 
 UNIT_WORDS = {"cm", "meters", "dollars", "degrees", "units", "inches", "apples", "hours", "km/h", "square units"}
 MULTIPLIERS = {"hundred": 100, "thousand": 1000, "million": 10**6, "billion": 10**9, "dozen": 12}
-REFUSED_WORDS = {"squared", "cubed", "half", "halves", "tens", "thousands", "millions", "quarter", "thirds"}
-SYMBOLS = {"i": "i", "e": "e", "x": "x", "\\pi": "pi"}
+REFUSED_WORDS = {"squared", "cubed", "half", "halves", "tens", "thousands", "millions", "quarter", "thirds",
+                 "twelfths", "sevenths", "sixteenths", "twentieths", "elevens"}  # also outside the reward's list
+SYMBOLS = {"i": "i", "e": "e", "x": "x", "\\pi": "pi", "\\euler": "e"}  # \euler: \mathrm{e} as the reference reads it
 MINUS_LOOKALIKES = "\u2010\u2011\u2012\u2013\u2212\ufe63\uff0d"
 VULGAR = {"½": Fraction(1, 2), "⅓": Fraction(1, 3), "⅔": Fraction(2, 3), "¼": Fraction(1, 4), "¾": Fraction(3, 4),
           "⅕": Fraction(1, 5), "⅛": Fraction(1, 8), "⅜": Fraction(3, 8), "⅝": Fraction(5, 8), "⅞": Fraction(7, 8)}
 WRAPPERS = ("\\text", "\\mathrm", "\\mathit", "\\textbf", "\\mbox")
 
 _TOKEN = re.compile(
-    r"\s*(?:(?P<num>(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d{1,3}(?![\w.]))?)|(?P<cmd>\\[A-Za-z]+)|(?P<ch>[-+/^(){}\[\]ixe])"
-    r"|(?P<vulgar>[" + "".join(VULGAR) + r"]))"
+    r"\s*(?:(?P<rep>\d*\.\d*(?:\\(?:overline|bar)\{\d+\}|\\(?:bar|dot)\d))|(?P<num>\d+\.?\d*|\.\d+)"
+    r"|(?P<cmd>\\[A-Za-z]+)|(?P<ch>[-+/^(){}\[\]ixe])|(?P<vulgar>[" + "".join(VULGAR) + r"]))"
 )
+E_NOTATION = re.compile(r"-?(\d+\.?\d*|\.\d+)[eE][+-]?\d{1,3}")  # e-notation: only a whole item
+
+
+def _repeating(tok):
+    """``0.1\\overline{6}`` → 1/6: the fixed digits, then the period repeated forever."""
+    m = re.fullmatch(r"(\d*)\.(\d*)\\(?:overline|bar|dot)\{?(\d+)\}?", tok)
+    whole, fixed, period = m.group(1) or "0", m.group(2), m.group(3)
+    return Fraction(int(whole + fixed + period) - int(whole + fixed), (10 ** len(period) - 1) * 10 ** len(fixed))
 
 
 def _form(const=Fraction(0), **syms):
@@ -155,7 +168,7 @@ class _Expr:
                 if d == 0:
                     raise Undefined
                 v = _mul(v, _form(1 / d))
-            elif self.peek(kind="cmd") and self.toks[self.i][1] in ("\\frac", "\\pi") or self.peek("(") \
+            elif self.peek(kind="cmd") and self.toks[self.i][1] in ("\\frac", "\\pi", "\\euler") or self.peek("(") \
                     or (self.peek(kind="ch") and self.toks[self.i][1] in "ixe") or self.peek(kind="vulgar"):
                 if self.toks[self.i][2]:
                     raise Unknown("space before an implicit product")
@@ -212,8 +225,10 @@ class _Expr:
             raise Unknown("end")
         kind, tok, _ = self.toks[self.i]
         self.i += 1
+        if kind == "rep":
+            return _form(_repeating(tok))
         if kind == "num":
-            value = Fraction(tok.lower().replace("e+", "e")) if "e" in tok.lower() else Fraction(tok)
+            value = Fraction(tok)
             nxt = self.toks[self.i] if self.i < len(self.toks) else None
             fraction_next = nxt is not None and (nxt[1] in ("\\frac", "\\dfrac") or nxt[0] == "vulgar")
             if fraction_next and not nxt[2] and re.fullmatch(r"\d+", tok):
@@ -297,10 +312,18 @@ def _scalar(text):
         raise Unknown("two signs in a row")
     if re.search(r"\d\s+[eE]|[eE]\s+[-+\d]|[eE][-+]\s+\d", text):
         raise Unknown("whitespace inside e-notation")
-    value = _Expr(text).parse()
+    if re.search(r"\\(?:overline|bar|dot)(?:\{\d+\}|\d)\s*(?:[\d.(\[{]|\\[dt]?frac|[" + "".join(VULGAR) + "])", text):
+        return NEVER  # a repeating decimal followed by what would continue a number
+    if re.search(r"\d_", text):
+        if re.fullmatch(r"[\w{}+\-^\\.()]+", text):
+            return NEVER  # a subscripted numeral inside an expression is not read
+        raise Unknown("subscript")
     literal = text
-    if re.fullmatch(r"-?(\d+\.?\d*|\.\d+)[eE][+-]?\d{1,3}", text):
+    if E_NOTATION.fullmatch(text):
         literal = format(Decimal(text), "f")  # e-notation is the exact decimal it writes
+        value = _form(Fraction(literal))
+    else:
+        value = _Expr(text).parse()
     lone = re.fullmatch(r"-?(\d*)\.(\d+)", literal)
     approx = None
     if lone:
@@ -312,9 +335,19 @@ def _scalar(text):
 def _item(s):
     """One item of an answer: a number (with its decimal precision), percent, choice, set, tuple, or NEVER."""
     s = s.strip()
-    m = re.fullmatch(r"(?:[a-z]|\(x,y\))\s*=\s*(.+)", s)
-    if m and "=" not in m.group(1):
-        s = m.group(1).strip()
+    inner = _balanced_inner(s, "{", {"}"})
+    if inner is not None:
+        return _item(inner)  # grouping braces around the whole item
+    m = re.fullmatch(r"([a-z](?:_\{?\d\}?)?|\(x,y\))\s*=\s*(.+)", s)
+    if m and "=" not in m.group(2):
+        return ("assign", re.sub(r"_\{(\d)\}", r"_\1", m.group(1)), _item(m.group(2)))
+    m = re.fullmatch(r"(\d[0-9A-Z]*)_(?:\{(\d{1,2})\}|(\d))", s)
+    if m:  # a base numeral: its value; a digit the base lacks makes it nothing
+        base = int(m.group(2) or m.group(3))
+        try:
+            return ("base", int(m.group(1), base), m.group(1)) if 2 <= base <= 36 else NEVER
+        except ValueError:
+            return NEVER
     for w in WRAPPERS:
         inner = _balanced_inner(s, w + "{", {"}"})
         if inner is not None:
@@ -331,7 +364,8 @@ def _item(s):
         _scalar(rest)  # the rest must read as a value
         return ("choice", m.group(1))
     # a single-letter symbol in a text wrapper is the symbol: 1+2\mathrm{i} = 1+2i
-    s = re.sub(r"\\(?:text|mathrm|mathit)\{\s*([iex])\s*\}", r"\1", s)
+    s = re.sub(r"\\(?:text|mathrm|mathit)\{\s*e\s*\}", r"\\euler ", s)  # Euler's e: never part of e-notation
+    s = re.sub(r"\\(?:text|mathrm|mathit)\{\s*([ix])\s*\}", r"\1", s)
     # a trailing word: a unit (dropped), a multiplier (multiplies a plain number), another number word (refused)
     m = re.fullmatch(r"(.*?)\s*\\(?:text|mathrm|mbox)\{\s*([a-z/ ]+?)\s*\}", s)
     m = m or re.fullmatch(r"(.*?\d)\s+([a-z/]+)", s)
@@ -354,6 +388,8 @@ def _item(s):
             raise Unknown(word)
     if s.endswith("\\%") or s.endswith("%"):
         inner = _scalar(s[:-2] if s.endswith("\\%") else s[:-1])
+        if inner == NEVER:
+            return NEVER
         if _const(inner[1]) is None:
             raise Unknown("percent of a symbol")
         return ("pct", _const(inner[1]), inner[2])
@@ -374,6 +410,8 @@ def ref_read(answer):
     s = answer
     for ch in MINUS_LOOKALIKES:
         s = s.replace(ch, "-")
+    s = re.sub(r"(?<=\d)\\,(?=\d{3}(?!\d))", "", s)  # a thin space between 3-digit groups: thousands
+    s = re.sub(r"\\frac\s*(\d)\s*(\d)(?!\d)", r"\\frac{\1}{\2}", s)  # \frac1 3 is \frac{1}{3}, as TeX reads it
     s = re.sub(r"\\[,;:]", " ", s)  # LaTeX spacing
     s = " ".join(s.split())
     if "####" in s:
@@ -388,11 +426,19 @@ def ref_read(answer):
     m = re.fullmatch(r"(-?\d{1,3}(?:,\d{3})+(?:\.\d+)?)((?:\s*\\(?:text|mathrm|mbox)\{[a-z/ ]*\}|\s+[a-z/ ]+)?)", s)
     if m:  # thousands separators: the whole answer is one number (a trailing word aside)
         s = m.group(1).replace(",", "") + m.group(2)
+    if re.search(r"\d \d", s):
+        m = re.fullmatch(r"(\\(?:text|mathrm|mbox|textbf)\{)?(-?\d{1,3}(?: \d{3})+(?:\.\d+)?)(\}?)"
+                         r"((?:\s*\\(?:text|mathrm|mbox)\{[a-z/ ]*\}|\s+[a-z/ ]+)?)", s)
+        if m is None or bool(m.group(1)) != bool(m.group(3)):
+            return NEVER  # two digits split by a space: neither their concatenation nor a product
+        s = m.group(2).replace(" ", "") + m.group(4)  # 3-digit groups, the whole answer: thousands
     try:
         parts = _split_top(s)
         if len(parts) > 1 and any(re.search(r"\\(?:text|mathrm|mbox)\{\s*[a-z]{2}|\d\s+[a-z]{2}", p) for p in parts):
             raise Unknown("a word inside a list")
         items = [_item(p) for p in parts]
+        if items[0][0] == "assign" and len(items) > 1 and all("=" not in p for p in parts[1:]):
+            items = [items[0]] + [("assign", items[0][1], it) for it in items[1:]]  # x = 2, 3: both are x
     except Undefined:
         return NEVER
     if any(it == NEVER for it in items):
@@ -432,6 +478,10 @@ def _nums_equal(a, b):
     return False
 
 
+def _symbolic(v):
+    return v[0] != "num" or _const(v[1]) is None
+
+
 def _matching(xs, ys):
     """Some ordering of ``ys`` equals ``xs`` element by element (brute force: the reference's lists are short)."""
     if len(xs) != len(ys):
@@ -452,6 +502,23 @@ def ref_equal(a, b):
     if a == NEVER or b == NEVER:
         return False
     ka, kb = a[0], b[0]
+    if ka == kb == "assign":
+        if a[1] != b[1]:
+            if any(_symbolic(v[2]) for v in (a, b)):
+                raise Unknown("two names and a symbolic value: an equation")
+            return False  # x = 3 is not y = 3
+        return ref_equal(a[2], b[2])
+    if "assign" in (ka, kb):
+        named, other = (a, b) if ka == "assign" else (b, a)
+        return ref_equal(named[2], other)
+    if "base" in (ka, kb):
+        n, other = (a, b) if ka == "base" else (b, a)
+        if other[0] == "base":
+            return n[1] == other[1]
+        if other[0] != "num" or _const(other[1]) is None:
+            return False
+        v = _const(other[1])
+        return v == n[1] or (n[2].isdigit() and v == int(n[2]))
     if ka == kb == "num":
         return _nums_equal(a, b)
     if "pct" in (ka, kb):
@@ -467,6 +534,10 @@ def ref_equal(a, b):
         return _const(other[1]) in (p[1], p[1] / 100)
     if ka == "choice" or kb == "choice":
         return ka == kb and a[1] == b[1]
+    if {ka, kb} <= {"list", "set"}:
+        for one, other in ((a[1], b[1]), (b[1], a[1])):
+            if len({n[1] for n in one if n[0] == "assign"}) >= 2 and any(n[0] != "assign" for n in other):
+                return False  # two names pair the values; a bare list does not say which is which
     if ka == kb == "list":
         return _matching(a[1], b[1])
     if {ka, kb} <= {"list", "set"}:
@@ -638,6 +709,95 @@ def m_choice(s, rng):
     return rng.choice(["(%s)(%s)", "(%s)%s", "(%s)(%s)(C)(D)(E)", "(%s) \\text{ or } (%s)"]) % (letter, other)
 
 
+def _decimal_digits(q, limit=12):
+    """(whole, fixed digits, period) of the positive rational ``q``'s decimal expansion, or None past ``limit``."""
+    whole, r = divmod(q.numerator, q.denominator)
+    digits, seen = [], {}
+    while r and r not in seen and len(digits) < limit:
+        seen[r] = len(digits)
+        d, r = divmod(r * 10, q.denominator)
+        digits.append(str(d))
+    if r == 0:
+        return str(whole), "".join(digits), ""
+    if r not in seen:
+        return None
+    start = seen[r]
+    return str(whole), "".join(digits[:start]), "".join(digits[start:])
+
+
+def m_repeating(s, rng):
+    """A fraction written as its repeating decimal (``\\overline``, ``\\bar``, ``\\dot``), or a number written with
+    a period of nines (``0.5`` as ``0.4\\overline{9}``, ``3`` as ``2.\\overline{9}``)."""
+    m = _pick(rng, r"\\frac\{(\d+)\}\{(\d+)\}|\\frac(\d)(\d)", s)
+    if m and int(m.group(2) or m.group(4)) > 0:
+        q = Fraction(int(m.group(1) or m.group(3)), int(m.group(2) or m.group(4)))
+        parts = _decimal_digits(q)
+        if parts and parts[2]:
+            whole, fixed, period = parts
+            mark = rng.choice(["\\overline{%s}", "\\bar{%s}"] + (["\\bar%s", "\\dot%s"] if len(period) == 1 else []))
+            return _sub_at(s, m, f"{whole}.{fixed}" + mark % period)
+    m = _pick(rng, r"(?<![\d.\\])(\d+)(?:\.(\d+))?(?![\d.])", s)
+    if m is None or int(m.group(0).replace(".", "")) == 0:
+        return None
+    q = Fraction(m.group(0))
+    unit = Fraction(1, 10 ** len(m.group(2) or ""))
+    whole, fixed, _ = _decimal_digits(q - unit, 20)
+    fixed = fixed.ljust(len(m.group(2) or ""), "0")
+    return _sub_at(s, m, f"{whole}.{fixed}" + rng.choice(["\\overline{9}", "\\bar9", "\\dot{9}"]))
+
+
+def m_base(s, rng):
+    """A whole-item integer written in another base with its subscript; sometimes under the wrong base."""
+    m = _pick(rng, r"(?:(?<=^)|(?<=[,(\[{] )|(?<=[,(\[{]))(\d+)(?=$|[,)\]}])", s)
+    if m is None or int(m.group(1)) < 2:
+        return None
+    n, base = int(m.group(1)), rng.randint(2, 16)
+    digits = ""
+    while n:
+        n, d = divmod(n, base)
+        digits = "0123456789ABCDEF"[d] + digits
+    label = base
+    if rng.random() < 0.3:  # the wrong base: the written digits must still be digits of it
+        label = rng.choice([b for b in range(2, 17) if b != base and b > max(int(c, 16) for c in digits)] or [base])
+    return _sub_at(s, m, digits + rng.choice(["_%d", "_{%d}"]) % label if label < 10 else digits + "_{%d}" % label)
+
+
+def m_euler(s, rng):
+    """Euler's e inside an expression: ``+2e-2e`` keeps the value, ``+2\\mathrm{e}-2`` changes it (never e-notation)."""
+    if re.search(r"[,=%]|\\[{}]|\\text|\\math|[A-Za-z]$", s):
+        return None
+    return s + rng.choice(["+2e-2e", "+e-e", "+3e-3", "+2\\mathrm{e}-2", "-2e+2e", "+1e-1", "+2e-2"])
+
+
+def m_digit_space(s, rng):
+    """A space between two digits: ``23`` as ``2 3`` (refused), ``10000`` as ``10 000`` (3-digit groups: kept)."""
+    m = re.fullmatch(r"(-?)(\d{4,})", s)
+    if m and rng.random() < 0.4:
+        return m.group(1) + f"{int(m.group(2)):,}".replace(",", " ")
+    m = _pick(rng, r"(?<=\d)(?=\d)", s)
+    return m and _sub_at(s, m, " ")
+
+
+def m_names(s, rng):
+    """Named answers: two values exchanged between their names, a name changed, or the items reordered."""
+    parts = _split_top(s)
+    named = [i for i, p in enumerate(parts) if re.fullmatch(r"[a-z](?:_\{?\d\}?)?\s*=\s*[^=]+", p)]
+    if not named:
+        return None
+    how = rng.randrange(3)
+    if how == 0 and len(named) >= 2:
+        i, j = rng.sample(named, 2)
+        (ni, vi), (nj, vj) = (parts[k].split("=", 1) for k in (i, j))
+        parts[i], parts[j] = f"{ni.strip()} = {vj.strip()}", f"{nj.strip()} = {vi.strip()}"
+    elif how == 1:
+        i = rng.choice(named)
+        name, value = parts[i].split("=", 1)
+        parts[i] = rng.choice([c for c in "abcnpqrtuvwz" if c != name.strip()]) + " = " + value.strip()
+    else:
+        rng.shuffle(parts)
+    return ", ".join(parts)
+
+
 MUTATIONS = {
     "digit": m_digit, "minus-drop": m_minus_drop, "minus-insert": m_minus_insert, "frac-swap": m_frac_swap,
     "divide-by-zero": m_divide_by_zero, "append-symbol": m_append_symbol, "wrap-text": m_wrap_text,
@@ -645,6 +805,7 @@ MUTATIONS = {
     "unicode-minus": m_unicode_minus, "vulgar-fraction": m_vulgar, "full-stop": m_full_stop,
     "thousands": m_thousands, "whitespace": m_whitespace, "implicit-product": m_implicit_product,
     "add-zero": m_add_zero, "choice": m_choice, "product-split": m_product_split,
+    "repeating": m_repeating, "base": m_base, "euler-e": m_euler, "digit-space": m_digit_space, "names": m_names,
 }
 
 
@@ -740,8 +901,13 @@ def test_red_team_sample():
     """A fixed sample of the full search (CI): the reward agrees with the reference on every mutant."""
     t0 = time.monotonic()
     population, _ = mutants(FULL)
-    cases = random.Random(SEED).sample(population, SAMPLE)
-    assert len({op.split("+")[0] for op, *_ in cases}) >= len(MUTATIONS) - 2  # every kind of mutation is sampled
+    by_kind = {}
+    for case in population:  # stratified: each kind of mutation (as the first one applied) gets its share
+        by_kind.setdefault(case[0].split("+")[0], []).append(case)
+    rng = random.Random(SEED)
+    share = SAMPLE // len(MUTATIONS)
+    cases = [c for kind in sorted(by_kind) for c in rng.sample(by_kind[kind], min(share, len(by_kind[kind])))]
+    assert len({op.split("+")[0] for op, *_ in cases}) >= len(MUTATIONS) - 1  # every kind of mutation is sampled
     wrong = _judge(cases)
     print(_summary(cases, wrong, Counter(), time.monotonic() - t0))
     assert not wrong, wrong

@@ -171,7 +171,11 @@ def test_answer_table():
     "text,expected",
     [
         (r"so \boxed{5}.", "5"),
-        (r"first \boxed{1}, then \boxed{2}", "2"),  # last box wins
+        (r"first \boxed{1}, then \boxed{2}", "2"),  # last box wins (a word between two boxes ends the answer)
+        (r"\boxed{1} and \boxed{-2}", "1, -2"),  # boxes that only separators divide: one answer, a list
+        (r"$\boxed{(2, 2)}$ \quad \text{and} \quad $\boxed{(6, 2)}$", "(2, 2), (6, 2)"),
+        (r"\boxed{1}, \boxed{2}, \boxed{3}", "1, 2, 3"),
+        (r"\boxed{1}. So \boxed{2}", "2"),
         (r"\boxed{\frac{1}{\sqrt{2}}}", r"\frac{1}{\sqrt{2}}"),  # nested braces
         (r"\boxed{\{1,2\}}", r"\{1,2\}"),  # escaped braces are not grouping braces
         (r"$\boxed 5$", "5"),  # no braces
@@ -202,7 +206,19 @@ def test_extract_boxed(text, expected):
         (r"5\text{ cm}^2", "5"),
         (r"30^{\circ}", "30"),
         (r"50\%", "50%"),  # the percent marker is kept: 50\% also matches 0.5
-        (r"x = 3", "3"),
+        (r"x = 3", "x=3"),  # an assignment keeps its name (the worker compares names)
+        (r"x \in [0, 1]", "[0,1]"),
+        (r"5 \geq x", r"5\geq x"),  # a command keeps its space before a letter
+        (r"x >= 5", r"x\geq5"),
+        (r"10,\!080", "10080"),  # MATH's thousands separator
+        (r"0.\overline{3}", r"\frac{3}{9}"),  # a repeating decimal, exactly
+        (r"0.1\overline{6}", r"\frac{15}{90}"),
+        (r"2 3", ""),  # digits split by a space: refused
+        (r"\frac 1 2", r"\frac{1}{2}"),
+        (r"1, 2, \text{and } 3", "1,2,3"),
+        (r"5\text{ twelfths}", ""),  # a number word outside the lists, by its form
+        (r"\boxed{\boxed{5}+1}", "5+1"),  # a box in the answer is its content
+        (r"f \circ g", r"f\circ g"),  # a bare \circ is composition, not a degree mark
         (r"0.50", "0.5"),
         (r"2x", "2x"),
         (r"5.", "5"),
@@ -213,7 +229,10 @@ def test_extract_boxed(text, expected):
         ("\u20103", "-3"),
         ("2\u00bd", r"2\frac{1}{2}"),  # a mixed number
         (r"1+2\mathrm{i}", "1+2i"),  # a single letter is a symbol, never a unit
-        (r"4\mathrm{e}", "4e"),
+        (r"4\mathrm{e}", "4{e}"),  # Euler's e kept apart from the digit: never e-notation
+        (r"2\mathrm{e}+1", "2{e}+1"),
+        ("e^2-2e+1", "e^2-2e+1"),
+        ("2.5e-3", "0.0025"),
         (r"5\text{ million}", "5000000"),  # a multiplier word multiplies a plain number
         (r"2.5 million dollars", "2500000"),
         (r"2\text{ dozen}", "24"),
@@ -382,3 +401,71 @@ def test_works_from_a_worker_thread():
     t.start()
     t.join(60)
     assert out == [True]
+
+
+# ----------------------------------------------------------------------------- issue 31: final form, golds with boxes
+RESTATEMENTS = [  # (a restatement of the question or an unevaluated answer, its value)
+    (r"\int_0^1 x^2 dx", r"\frac13"),
+    (r"\binom{10}{3}", "120"),
+    ("10!", "3628800"),
+    ("5!!", "15"),
+    (r"\sum_{k=1}^{10} k", "55"),
+]
+
+
+@pytest.mark.parametrize("restated,value", RESTATEMENTS)
+def test_restatement_default_credits_value_final_form_refuses(restated, value):
+    """Default: an unevaluated answer equal in value is credited. final_form=True: it scores 0, while the evaluated
+    answer still scores 1 and a gold that itself uses the operation accepts it."""
+    comp = [f"so $\\boxed{{{restated}}}$"]
+    assert math_reward(comp, answer=[value]) == [1.0]
+    assert math_reward(comp, answer=[value], math_final_form=True) == [0.0]
+    assert math_reward([f"$\\boxed{{{value}}}$"], answer=[value], math_final_form=True) == [1.0]
+    assert math_reward(comp, answer=[restated], math_final_form=True) == [1.0]
+    strict = make_math_reward(final_form=True)
+    assert strict(comp, answer=[value]) == [0.0]
+    assert math_answers_equal(restated, value) and not math_answers_equal(restated, value, final_form=True)
+
+
+def test_final_form_keeps_legitimate_forms():
+    """final_form asks for no computation; roots, fractions, powers, pi and symbols are final forms."""
+    strict = make_math_reward(final_form=True)
+    rows = [(r"\frac{\sqrt3}{2}", r"\frac{1}{2}\sqrt{3}"), ("2^{10}", "1024"), (r"3\pi", r"3\pi"), ("x+1", "1+x"),
+            (r"x \ne 3", r"(-\infty,3)\cup(3,\infty)"), (r"\binom{n}{2}", r"\binom{n}{2}")]
+    assert strict([f"$\\boxed{{{p}}}$" for p, _ in rows], answer=[g for _, g in rows]) == [1.0] * len(rows)
+
+
+def test_final_form_setting_is_validated():
+    with pytest.raises(ValueError, match="math_final_form"):
+        math_reward([r"\boxed{1}"], answer=["1"], math_final_form="yes")
+    with pytest.raises(ValueError, match="final_form"):
+        make_math_reward(final_form=1)
+
+
+def test_gold_with_several_boxes_is_the_list_of_all():
+    gold = r"The roots are $\boxed{1}$ and $\boxed{-2}$."
+    assert extract_gold_answer(gold) == "1, -2"
+    assert math_reward([r"\boxed{-2}", r"\boxed{1,-2}", r"\boxed{-2, 1}"], answer=[gold] * 3) == [0.0, 1.0, 1.0]
+    assert extract_boxed_answer(r"first \boxed{1}, then \boxed{2}") == "2"  # a completion: its last box
+    hedges = [r"\boxed{1} or \boxed{-2}", r"\boxed{-2} and \boxed{1}", r"\boxed{1}, \boxed{-2}, \boxed{3}"]
+    assert math_reward(hedges, answer=["-2"] * 3) == [0.0, 0.0, 0.0]  # a completion's list of boxes is one list
+    assert math_reward(hedges, answer=[gold] * 3) == [1.0, 1.0, 0.0]
+
+
+def test_box_inside_the_answer_is_its_content():
+    assert extract_boxed_answer(r"$\boxed{\boxed{5}+1}$") == r"\boxed{5}+1"
+    assert math_reward([r"$\boxed{\boxed{5}+1}$"] * 2, answer=["5", "6"]) == [0.0, 1.0]
+
+
+def test_math_verify_cases_every_disagreement_classified():
+    """Math-Verify's own cases (benchmarks/reward_tables.py): each disagreement with their expected value has a class;
+    the genuine rejections found by the red team (10,\\!080, 5 \\geq x, gold boxes, ', and', AB=4...) agree now."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "reward_tables.py"
+    spec = importlib.util.spec_from_file_location("reward_tables", path)
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    assert len(tables.MATH_VERIFY_CASES) >= 200
+    assert tables.math_verify_table(math_reward) == 0

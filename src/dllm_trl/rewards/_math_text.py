@@ -71,33 +71,57 @@ def extract_boxed_answer(text: str | None) -> str | None:
     "Last" means the last box that is not nested inside another one; if that box's content is
     itself a single box (``\boxed{\boxed{5}}``) it is unwrapped. If the last box is unclosed
     (truncated output) the result is ``None`` — an earlier box is *not* used instead, because it is
-    typically an intermediate result. Returns ``None`` when there is no box.
+    typically an intermediate result. Boxes before the last one that only separators divide from it (commas,
+    ``and`` / ``or``, spacing, math delimiters: ``\boxed{1} and \boxed{-2}``) are part of the answer, which is
+    then the list of their contents (``1, -2``); a word between two boxes (``\boxed{1}, then \boxed{2}``) ends it.
+    Returns ``None`` when there is no box.
     """
     if not isinstance(text, str) or not text:
         return None
-    last: str | None = None
-    found_any = False
+    boxes = _top_level_boxes(text)
+    if not boxes or boxes[-1][2] is None:
+        return None
+    first = len(boxes) - 1
+    while first > 0 and boxes[first - 1][2] is not None and _BOX_SEPARATOR_RE.fullmatch(
+        text[boxes[first - 1][1] : boxes[first][0]]
+    ):
+        first -= 1
+    return ", ".join(_unwrap_single_box(content.strip()) for _, _, content in boxes[first:])  # type: ignore[union-attr]
+
+
+def _unwrap_single_box(content: str) -> str:
+    inner = _BOX_RE.match(content)
+    if inner is not None:
+        unwrapped, e = _box_at(content, inner)
+        if unwrapped is not None and e == len(content):
+            return unwrapped.strip()
+    return content
+
+
+# what may stand between two boxes of one final answer: commas, "and" / "or", spacing, math delimiters
+_BOX_SEPARATOR_RE = re.compile(
+    r"(?:\s|[,;$]|\\[()\[\]]|\\(?:q?quad|[,;:! ])|~|\\text\s*\{\s*,?\s*(?:and|or)?\s*\}"
+    r"|(?<![A-Za-z])(?:and|or)(?![A-Za-z]))*"
+)
+
+
+def _top_level_boxes(text: str) -> list[tuple[int, int, str | None]]:
+    """(start, end, content) of the boxes of ``text`` that are not nested in another box (content ``None`` for an
+    unclosed one)."""
+    out: list[tuple[int, int, str | None]] = []
     end = -1
     for m in _BOX_RE.finditer(text):
         if m.start() < end:
-            continue  # nested inside the previous box
+            continue
         content, end = _box_at(text, m)
-        found_any = True
-        last = content
-    if not found_any or last is None:
-        return None
-    last = last.strip()
-    inner = _BOX_RE.match(last)
-    if inner is not None:
-        content, e = _box_at(last, inner)
-        if content is not None and e == len(last):
-            last = content.strip()
-    return last
+        out.append((m.start(), end, content))
+    return out
 
 
 def extract_gold_answer(answer: Any) -> str | None:
-    r"""Ground-truth column value → answer string: a ``\boxed{}`` inside it (MATH solutions) wins,
-    then the text after the last ``####`` (GSM8K), else the whole string."""
+    r"""Ground-truth column value → answer string: a ``\boxed{}`` inside it (MATH solutions) wins, then the text
+    after the last ``####`` (GSM8K), else the whole string. A gold with several boxes (``\boxed{1}`` and
+    ``\boxed{-2}``) is the list of all of them (``1, -2``): its answer is all the boxes, never the last one alone."""
     if answer is None:
         return None
     if isinstance(answer, (int, float)) and not isinstance(answer, bool):
@@ -105,6 +129,9 @@ def extract_gold_answer(answer: Any) -> str | None:
     if not isinstance(answer, str):
         answer = str(answer)
     if _BOX_RE.search(answer):
+        boxes = [content for _, _, content in _top_level_boxes(answer)]
+        if len(boxes) > 1 and all(b is not None and b.strip() for b in boxes):
+            return ", ".join(b.strip() for b in boxes)  # type: ignore[union-attr]
         boxed = extract_boxed_answer(answer)
         if boxed is not None:
             return boxed
@@ -150,6 +177,23 @@ _NUMBER_WORDS = frozenset(
     """.split()
 )
 _PHRASE_WORD_RE = re.compile(r"[A-Za-z]+\.?")
+# stems of the cardinals and ordinals: a word made of one (plus "th", "ths", "s", "ieth", "ieths") is a number word
+# ("twelfths", "sixteenths", "twentieths", "elevens"), whether or not it is listed above
+_NUMBER_STEMS = frozenset(_CARDINALS + "first second fif eigh nin twelf".split())
+_NUMBER_SUFFIX_RE = re.compile(r"(?:ieths?|ths?|s|es)$")
+
+
+def _is_number_word(lw: str) -> bool:
+    """``lw`` (lowercase) names a number, a fraction or an ordinal: listed, or a number stem with a number suffix."""
+    if lw in _NUMBER_WORDS:
+        return True
+    for m in _NUMBER_SUFFIX_RE.finditer(lw):
+        stem = lw[: m.start()]
+        if stem in _NUMBER_STEMS or (m.group(0).startswith("ieth") and stem + "y" in _NUMBER_STEMS):
+            return True
+    return False
+
+
 _PHRASE_TEXT_RE = re.compile(r"[A-Za-z][A-Za-z\s./]{0,60}(?:\^\{?[23]\}?)?")
 
 
@@ -158,10 +202,10 @@ def _is_unit(word: str) -> bool:
     if len(w) == 1:
         return w in ("m", "g", "s", "h", "l", "L")
     lw = w.lower()
-    if lw in _NUMBER_WORDS:
-        return False
     if lw in _UNIT_WORDS:
-        return True
+        return True  # listed units first: "seconds" is a unit
+    if _is_number_word(lw):
+        return False
     # a plural count noun (apples, eggs, clips): 4+ lowercase letters ending in "s", not "ss" / "us" / "is"
     return bool(re.fullmatch(r"[a-z]{3,}s", w)) and not re.search(r"(?:ss|us|is)$", w)
 
@@ -183,7 +227,7 @@ def _classify_phrase(phrase: str) -> tuple[str, int]:
         if multiplier is not None:
             return "multiplier", multiplier
         return "unit", 0
-    if any(lw in _NUMBER_WORDS for lw in lowered):
+    if any(_is_number_word(lw) for lw in lowered):
         return "number", 0
     return "other", 0
 
@@ -195,6 +239,22 @@ _PLAIN_TAIL_RE = re.compile(r"(?<=[\d}).%])\s+([A-Za-z][A-Za-z\s./]{0,60}?(?:\^\
 _PLAIN_NUMBER_RE = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|[-+]?\.\d+")
 
 _REFUSED = "\x00refused"  # the answer is equal to nothing (a number word it does not multiply)
+_BOX_OPEN_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_SPACED_THOUSANDS_RE = re.compile(r"[-+]?\d{1,3}(?: \d{3})+(?:\.\d+)?")
+_COMMAND_SPACE_RE = re.compile(r"(\\[A-Za-z]+) +(?=[A-Za-z])")
+_BRACELESS_ARGS_RE = re.compile(r"\\(frac|binom)\s*(\d)\s*(\d)(?!\d)")
+
+
+def _join_spaces(s: str) -> str:
+    r"""Remove the spaces of ``s`` without joining what they separate: a command keeps one space before a letter
+    (``5 \geq x``, ``\sqrt x``), ``\frac 1 2`` is ``\frac{1}{2}``, and two digits separated only by a space
+    (``2 3``, ``1 1/2``) refuse the answer (neither 23 nor a product: the grader does not guess)."""
+    s = _BRACELESS_ARGS_RE.sub(r"\\\1{\2}{\3}", s)
+    s = re.sub(r"\\sqrt\s+([A-Za-z0-9])", r"\\sqrt{\1}", s)  # \sqrt x: one token, as TeX reads it
+    if re.search(r"\d +\d", s):
+        return _REFUSED
+    s = _COMMAND_SPACE_RE.sub("\\1\x01", s)
+    return s.replace(" ", "").replace("\x01", " ")
 
 
 def _trailing_words(s: str, wrapped: bool) -> str:
@@ -246,12 +306,40 @@ def _trailing_words(s: str, wrapped: bool) -> str:
 _NUMBER_RE = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)")
 _THOUSANDS_RE = re.compile(r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 _E_NOTATION_RE = re.compile(r"(?<![\w.\\])(\d+(?:\.\d*)?|\.\d+)[eE]([+-]?\d{1,3})(?![\w.])")
-_LIST_WORD_RE = re.compile(r"\s+(?:or|and)\s+|\\text\s*\{\s*(?:or|and)\s*\}|,\s*(?:or|and)\s+", re.I)
+# e-notation is read only as a whole item (the answer, or one item of a list / tuple / set): never inside an
+# expression, where "2e+1" is 2e + 1 with Euler's e
+_E_NOTATION_ITEM_RE = re.compile(
+    r"(?<![^,(\[{=])([-+]?)(\d+(?:\.\d*)?|\.\d+)[eE]([+-]?\d{1,3})(?=$|[,)\]}]|\\\})"
+)
+# "or" / "and" between answers, with the commas around them: "1, 2, \text{and } 3", "2 or 3", "2, or 3"
+_LIST_WORD_RE = re.compile(
+    r"\s*,?\s*\\text\s*\{\s*,?\s*(?:or|and)\s*,?\s*\}\s*,?\s*|\s*,\s*(?:or|and)\s+|\s+(?:or|and)\s+"
+    r"|(?<=[)\]])\s*or\s*(?=[(\[])",
+    re.I,
+)
 _LEADING_VAR_RE = re.compile(r"^\s*(?:[A-Za-z]|\\[A-Za-z]+)(?:_\{?[A-Za-z0-9]+\}?)?\s*(?:=|\\in(?![A-Za-z]))\s*(?P<rest>.+)$")
+# only "x \in S" loses its variable; an assignment "x = 5" keeps its name (the worker compares the names)
+_LEADING_MEMBER_RE = re.compile(
+    r"^\s*(?:[A-Za-z]|\\[A-Za-z]+)(?:_\{?[A-Za-z0-9]+\}?)?\s*\\in(?![A-Za-z])\s*(?P<rest>.+)$"
+)
+# a repeating decimal: 0.\overline{3}, 0.1\overline{6}, 0.\bar6, 0.\dot3, 0.\dot{1}4\dot{2} (the dots mark the period)
+_REPEATING_RE = re.compile(
+    r"(?<![\d.])(\d*)\.(\d*)(?:\\(?:overline|bar)\s*(?:\{\s*(\d+)\s*\}|(\d))"
+    r"|\\dot\s*(?:\{\s*(\d)\s*\}|(\d))(?:(\d*)\\dot\s*(?:\{\s*(\d)\s*\}|(\d)))?)"
+    r"(?P<after>\s*(?:[\d.(\[{]|\\[dtc]?frac(?![A-Za-z]))|)"
+)
+# Euler's number written upright or as text: kept apart from any digit before it, so that it is never e-notation
+_EULER_RE = re.compile(r"\\(?:mathrm|text|textrm|mathit|operatorname|mathnormal)\s*\{\s*e\s*\}")
+# relations written in ASCII or unicode
+_RELATIONS = ((">=", "\\geq "), ("<=", "\\leq "), ("!=", "\\neq "), ("\u2265", "\\geq "), ("\u2264", "\\leq "),
+              ("\u2260", "\\neq "))
+_ARRAY_BEGIN_RE = re.compile(r"\\begin\s*\{array\}\s*\{[^{}]*\}")
 # hyphen, non-breaking hyphen, figure dash, en dash, minus sign, small and fullwidth hyphen-minus
 _MINUS_LOOKALIKES = "\u2010\u2011\u2012\u2013\u2212\ufe63\uff0d"
 _MINUS_TABLE = str.maketrans({c: "-" for c in _MINUS_LOOKALIKES})
-_PERCENT_WORD_RE = re.compile(r"\s*(?:\\text\s*\{\s*percent\s*\}|(?<![A-Za-z])percent)\s*$")
+_PERCENT_WORD_RE = re.compile(
+    r"\s*(?:\\text\s*\{\s*(?:percent|percentage|pct)\s*\}|(?<![A-Za-z])(?:percent|percentage|pct))\s*$"
+)
 
 
 def _vulgar_fractions(s: str) -> str:
@@ -294,13 +382,36 @@ def _unwrap_command(s: str, cmd_re: re.Pattern) -> str:
 
 
 def _expand_e_notation(s: str) -> str:
-    """``1e3`` → ``1000``, ``2.5e-3`` → ``0.0025`` (exact decimal; exponents up to 3 digits)."""
+    """``1e3`` → ``1000``, ``2.5e-3`` → ``0.0025`` (exact decimal; exponents up to 3 digits), for a number that is
+    a whole item of the answer only (``1e3``, ``(1e3, 2)``), never inside an expression (``e^2-2e+1``)."""
 
     def repl(m: re.Match) -> str:
-        d = Decimal(m.group(1) + "e" + m.group(2))
-        return _canonical_number(format(d, "f"))
+        d = Decimal(m.group(2) + "e" + m.group(3))
+        return m.group(1).replace("+", "") + _canonical_number(format(d, "f"))
 
-    return _E_NOTATION_RE.sub(repl, s)
+    return _E_NOTATION_ITEM_RE.sub(repl, s)
+
+
+def _repeating_decimals(s: str) -> str:
+    r"""``0.\overline{3}`` → ``\frac{3}{9}``, ``0.1\overline{6}`` → ``\frac{15}{90}`` (exact); a repeating decimal
+    followed by what would continue a number (a digit, a point, a fraction, a bracket: ``0.\overline{3}3``,
+    ``1.\overline{9}\frac12``) refuses the answer."""
+
+    def repl(m: re.Match) -> str:
+        if m.group("after"):
+            return _REFUSED
+        whole, fixed = m.group(1) or "0", m.group(2)
+        if m.group(3) or m.group(4):
+            period = m.group(3) or m.group(4)
+        elif m.group(8) or m.group(9):  # \dot{a} ... \dot{b}: the period runs from a to b
+            period = (m.group(5) or m.group(6)) + m.group(7) + (m.group(8) or m.group(9))
+        else:
+            period = m.group(5) or m.group(6)
+        num = int(whole + fixed + period) - int(whole + fixed)
+        den = (10 ** len(period) - 1) * 10 ** len(fixed)
+        return "\\frac{%d}{%d}" % (num, den)
+
+    return _REPEATING_RE.sub(repl, s) if "." in s else s
 
 
 def _canonical_number(s: str) -> str:
@@ -325,9 +436,12 @@ def normalize_math_answer(s: Any) -> str:
     Removes: surrounding ``$``/``\(``/``\[`` delimiters, ``\left``/``\right``/``\big``, ``\displaystyle``, LaTeX
     spacing (``\!`` ``\,`` ``\;`` ``\:`` ``\ `` ``~`` ``\quad``; a row break ``\\`` is kept), degree marks, ``\$``,
     a full stop after the answer, a trailing unit phrase (in a ``\text{}``-like wrapper after a numeric prefix, or
-    plain words after a number and a space), a leading ``x =`` / ``x \in``, thousands separators (``1{,}000``
-    anywhere; ``1,000`` only when the *whole* answer is one number written with 3-digit groups and no spaces, so
-    ``(1,2)`` and ``2, 300`` are lists), all whitespace. A trailing multiplier word multiplies a plain number
+    plain words after a number and a space), a leading ``x \in`` (an assignment ``x = 5`` keeps its name),
+    thousands separators (``1{,}000``, ``10,\!080``, ``1\,000`` anywhere; ``1,000`` and ``1 000`` only when the
+    *whole* answer is one number written with 3-digit groups, so ``(1,2)`` and ``2, 300`` are lists), whitespace
+    (a command keeps one space before a letter; two digits separated by a space refuse the answer). A box inside the
+    answer is unwrapped; repeating decimals become exact fractions; ``\mathrm{e}`` is Euler's ``{e}``; ``>=`` is
+    ``\geq``; an ``array`` is a ``matrix``. A trailing multiplier word multiplies a plain number
     (``5 million`` → ``5000000``); another number word (``3 squared``, ``2 halves``) refuses the answer; a single
     letter is never a unit unless it is an SI symbol (m, g, s, h, l), so ``1+2\mathrm{i}`` → ``1+2i``. Keeps ``\%``
     as ``%`` (the percent rule needs it), writes ``or`` / ``and`` between answers as ``,``, expands e-notation
@@ -351,10 +465,10 @@ def _normalize(s: Any) -> str:
     if len(s) > MAX_ANSWER_CHARS:
         return ""
     s = s.replace("\u00b0", "^\\circ").replace("\u03c0", "\\pi").replace("\u221e", "\\infty")
+    for ascii_rel, command in _RELATIONS:
+        s = s.replace(ascii_rel, command)
     if _BOX_RE.search(s):
-        inner = extract_boxed_answer(s)
-        if inner is not None:
-            s = inner
+        s = _unwrap_command(s, _BOX_OPEN_RE)  # a box inside the answer is its content: \boxed{\boxed{5}+1} is 6
     s = s.strip().rstrip(".").rstrip()  # a full stop after the answer (also after its closing "$")
     # math delimiters
     for _ in range(3):
@@ -368,6 +482,9 @@ def _normalize(s: Any) -> str:
     s = s.replace("\\$", "")  # escaped dollar sign (currency) before removing math-mode $
     s = s.replace("$", "")
     s = s.strip().rstrip(".").rstrip()  # a full stop inside the delimiters
+    s = _repeating_decimals(s)
+    if _REFUSED in s:
+        return s
     s = re.sub(r"\\(?:displaystyle|textstyle|scriptstyle)(?![A-Za-z])", "", s)
     s = re.sub(r"\\(?:left|right)\s*\.", "", s)
     s = re.sub(r"\\(?:left|right|bigl|bigr|Bigl|Bigr|biggl|biggr|big|Big|bigg|Bigg)(?![A-Za-z])", "", s)
@@ -375,16 +492,20 @@ def _normalize(s: Any) -> str:
     # degrees / percent
     s = re.sub(r"\^\s*\{\s*\\circ\s*\}", "", s)
     s = re.sub(r"\^\s*\\circ(?![A-Za-z])", "", s)
-    s = re.sub(r"\\(?:circ|degree)(?![A-Za-z])", "", s)
+    s = re.sub(r"\\degree(?![A-Za-z])", "", s)  # a bare \circ is composition (f \circ g), never a degree mark
     s = s.replace("\\%", "%")
     s = _PERCENT_WORD_RE.sub("%", s)
     # thousands separators in LaTeX form: 1{,}000
     s = re.sub(r"(?<=\d)\{,\}(?=\d{3})", "", s)
+    # MATH's 10,\!080 and a thin space 1\,000 between 3-digit groups: one number
+    s = re.sub(r"(?<=\d)(?:,\s*\\!|\\,)\s*(?=\d{3}(?!\d))", "", s)
+    s = _ARRAY_BEGIN_RE.sub(r"\\begin{matrix}", s).replace("\\end{array}", "\\end{matrix}")
     # spacing commands (before unit handling, so "5\,\text{cm}" works); "\\" (a row break) stays
     s = re.sub(r"\\\\|\\[,;:! ]", lambda m: m.group(0) if m.group(0) == "\\\\" else " ", s)
     s = re.sub(r"\\(?:q?quad|enspace|thinspace|medspace|thickspace)(?![A-Za-z])", " ", s)
-    s = s.replace("~", " ")
+    s = re.sub(r"  +", " ", s.replace("~", " "))  # spacing commands next to spaces: one space
     s = _LIST_WORD_RE.sub(",", s)
+    s = _EULER_RE.sub("{e}", s)
     s = _trailing_words(s.strip(), wrapped=True)
     if _REFUSED in s:
         return s
@@ -394,16 +515,18 @@ def _normalize(s: Any) -> str:
     s = _trailing_words(s.strip(), wrapped=False)
     if _REFUSED in s:
         return s
-    # leading "x =" / "x \in"
-    m = _LEADING_VAR_RE.match(s)
+    # leading "x \in" (an assignment "x = 5" keeps its name)
+    m = _LEADING_MEMBER_RE.match(s)
     if m is not None and "=" not in m.group("rest"):
         s = m.group("rest")
     # "\log_2 8": a one-character subscript stays one once the spaces are gone
     s = re.sub(r"_(\w) (?=\w)", r"_{\1}", s)
     # 1,000,000 -> 1000000 (whole answer only, and only without spaces: "2, 300" is a list)
-    if _THOUSANDS_RE.fullmatch(s.strip()):
-        s = s.replace(",", "")
-    s = s.replace(" ", "")
+    if _THOUSANDS_RE.fullmatch(s.strip()) or _SPACED_THOUSANDS_RE.fullmatch(s.strip()):
+        s = s.replace(",", "").replace(" ", "")
+    s = _join_spaces(s)
+    if _REFUSED in s:
+        return s
     s = s.rstrip(".")
     if s.endswith("\\") and not s.endswith("\\\\"):
         s = s[:-1]

@@ -26,7 +26,7 @@ Values that are undefined (a division by zero: sympy's ``zoo`` or ``nan``, e.g. 
 make the whole answer equal to nothing, itself included.
 
 Protocol (one JSON object per line):
-  parent -> worker (stdin):   {"id": int, "pred": str, "gold": str, "timeout": float}
+  parent -> worker (stdin):   {"id": int, "pred": str, "gold": str, "timeout": float, "final_form": bool}
   worker -> parent (a private duplicate of the original stdout; fd 1 itself is pointed at stderr so
   that library prints cannot corrupt the stream):
       first line: {"ready": true, "backends": {...}}
@@ -155,7 +155,7 @@ def _wrapped(s, opener, closers):
 
 
 _REL_TOKENS = {"<", ">", "\\le", "\\ge", "\\leq", "\\geq", "\\lt", "\\gt", "\\ne", "\\neq", "\\leqslant", "\\geqslant"}
-_CHOICE_RE = re.compile(r"^\(?([A-E])\)(.*)$|^([A-E])()$")
+_CHOICE_RE = re.compile(r"^\(?([A-E])\)(.*)$|^([A-E])()$|^\(([a-e])\)()$")  # (c) alone is choice C too
 _COMMAND_RE = re.compile(r"\\[A-Za-z]+")
 # a number (not an exponent's or subscript's digit) or a closing parenthesis directly before a group: a product.
 # latex2sympy reads "2(3)", "(2)(3)", "2{3}" as the mixed numbers 2 + 3; "2\frac{1}{2}" stays a mixed number.
@@ -166,7 +166,12 @@ _DECIMAL_RE = re.compile(r"(?<![\d.])(\d+\.\d*|\.\d+)(?![\d.])")
 _LONE_DECIMAL_RE = re.compile(r"^[-+]?(\d+\.\d*|\.\d+)$")
 _MATRIX_RE = re.compile(r"^\\begin\{(pmatrix|bmatrix|Bmatrix|matrix|smallmatrix)\}(.*)\\end\{\1\}$", re.S)
 _PM_RE = re.compile(r"\\(?:pm|mp)(?![A-Za-z])")
-_VAR_RE = re.compile(r"^(?:[A-Za-z]|\\[A-Za-z]+)(?:_\{?[A-Za-z0-9]+\}?)?(?:\([A-Za-z]\))?$")
+_VAR_RE = re.compile(r"^(?:[A-Za-z]|[A-Z]{2}|\\[A-Za-z]+)(?:_\{?[A-Za-z0-9]+\}?)?(?:\([A-Za-z]\))?$")  # AB: a segment
+# a numeral with a base subscript: 1011_2, 1A_{16} (digits 0-9 and upper-case letters, base 2 to 36)
+_BASE_RE = re.compile(r"^([0-9][0-9A-Z]*)_(?:\{(\d{1,2})\}|(\d))$")
+_SUBSCRIPTED_NUMERAL_RE = re.compile(r"(?<![A-Za-z_^\\])\d+_")  # inside an expression: never read
+_DOUBLE_FACTORIAL_RE = re.compile(r"(?<![\w.!}])(\d{1,4})!!(?!!)")
+MAX_DOUBLE_FACTORIAL = 1000
 
 
 class _Scalar:
@@ -201,12 +206,33 @@ def _exact_decimals(text):
     return _DECIMAL_RE.sub(repl, text)
 
 
+def _double_factorial(m):
+    n = int(m.group(1))
+    if n > MAX_DOUBLE_FACTORIAL:
+        return m.group(0)  # left as "!!": the leaf is not read
+    value = 1
+    for k in range(n, 1, -2):
+        value *= k
+    return "(%d)" % value
+
+
+def _name(lhs):
+    """The written name of an assigned variable, subscript braces dropped (``x_{1}`` is ``x_1``)."""
+    return re.sub(r"_\{(\w)\}", r"_\1", lhs)
+
+
 def _parse_scalar(text):
     import sympy
 
     parser, _ = _backends()
     if not text or parser is None:
         return None
+    if _SUBSCRIPTED_NUMERAL_RE.search(text):
+        return None  # 1011_2 + 1: the parser would drop the base
+    if "!!" in text:
+        text = _DOUBLE_FACTORIAL_RE.sub(_double_factorial, text)
+        if "!!" in text:
+            return None  # n!! of anything but a literal (the parser reads it as (n!)!)
     try:
         expr = parser(_exact_decimals(_IMPLICIT_PRODUCT_RE.sub(r"\1\\cdot ", text)))
     except _SoftTimeout:
@@ -215,8 +241,10 @@ def _parse_scalar(text):
         return None
     if expr is None or not isinstance(expr, sympy.Basic):
         return None
-    if isinstance(expr, (sympy.Set, sympy.logic.boolalg.Boolean)) or getattr(expr, "is_Relational", False):
+    if isinstance(expr, sympy.Set) or getattr(expr, "is_Relational", False):
         return None
+    if isinstance(expr, sympy.logic.boolalg.Boolean) and not isinstance(expr, sympy.Symbol):
+        return None  # a sympy Symbol is a Boolean too: a lone variable is a value
     if _doit(expr).has(sympy.zoo, sympy.nan):
         raise _Undefined()
     i = sympy.Symbol("i")
@@ -229,10 +257,24 @@ def _parse_scalar(text):
 def parse_answer(s):
     """Normalised answer string → comparable structure (nested tuples), or ``None``. A top-level
     comma list (or a ``\\pm``) is a ``("list", items)``."""
+    eq = _split_top(s, {"="})
+    if len(eq) == 2 and "," in eq[1] and _is_name(eq[0]):  # x = 2, 3: every value is assigned to x
+        node = parse_answer(eq[1])
+        if node is None:
+            return None
+        values = node[1] if node[0] == "list" else [node]
+        named = [("assign", _name(eq[0]), v) for v in values]
+        return ("list", named) if len(named) > 1 else named[0]
     items = _parse_items(s)
     if not items:
         return None
     return ("list", items) if len(items) > 1 else items[0]
+
+
+def _is_name(lhs):
+    return bool(_VAR_RE.match(lhs)) or (
+        _wrapped(lhs, "(", ")") is not None and all(_VAR_RE.match(v) for v in _split_top(lhs[1:-1], {","}))
+    )
 
 
 def _parse_items(inner):
@@ -261,9 +303,13 @@ def _parse_item(s):
     eq = _split_top(s, {"="})
     if len(eq) >= 2:
         lhs, rhs = eq[0], eq[-1]
-        if _VAR_RE.match(lhs) or (_wrapped(lhs, "(", ")") is not None and all(_VAR_RE.match(v) for v in _split_top(lhs[1:-1], {","}))):
-            node = parse_answer(rhs)  # x = 5, (x, y) = (1, 2): the value is the answer
-            return ("pm", node[1]) if node is not None and node[0] == "list" else node
+        if _is_name(lhs):
+            node = parse_answer(rhs)  # x = 5, (x, y) = (1, 2), x = 2+3 = 5: the name and its (last) value
+            if node is None:
+                return None
+            if node[0] == "list":
+                return ("pm", [n if n[0] == "assign" else ("assign", _name(lhs), n) for n in node[1]])
+            return ("assign", _name(lhs), node)
         if len(eq) == 2:
             a, b = _parse_scalar(lhs), _parse_scalar(rhs)
             return ("eq", a.expr - b.expr) if a is not None and b is not None else None
@@ -274,11 +320,12 @@ def _parse_item(s):
     m = _CHOICE_RE.match(s)
     if m is not None:
         rest = m.group(2) or ""
+        letter = (m.group(1) or m.group(3) or m.group(5)).upper()
         if re.search(r"[A-E]", _COMMAND_RE.sub("", rest)):
             return None  # one choice only: "(A)(B)", "(A)B" name two
         if rest and _MAY_BE_UNDEFINED_RE.search(rest):
             _parse_scalar(rest)  # the choice's value, when written, must not divide by zero: (C) 12/0 is nothing
-        return ("choice", m.group(1) or m.group(3))
+        return ("choice", letter)
     cup = _split_top(s, {"\\cup"})
     if len(cup) > 1:
         sets = [_as_set(_parse_item(p)) for p in cup]
@@ -313,9 +360,17 @@ def _parse_item(s):
             items = _parse_items(inner)
             if items is None:
                 return None
-            if len(items) == 1 and opener == "(" and s.endswith(")"):
-                return items[0]  # grouping parentheses
+            if len(items) == 1 and ((opener == "(" and s.endswith(")")) or items[0][0] == "matrix"):
+                return items[0]  # grouping parentheses; a matrix in brackets (an array between \left[ \right])
             return ("tuple", opener, s[-1], items)
+    m = _BASE_RE.match(s)
+    if m is not None:
+        base = int(m.group(2) or m.group(3))
+        try:
+            value = int(m.group(1), base) if 2 <= base <= 36 else None
+        except ValueError:
+            value = None  # a digit the base does not have
+        return ("base", sympy.Integer(value), m.group(1)) if value is not None else None
     if _WORD_RE.match(s):
         return ("text", s.lower())
     leaf = _parse_scalar(s)
@@ -514,6 +569,65 @@ def _sets_equal(a, b):
         return False
 
 
+def _equations_equal(da, db):
+    """Two equations ``da = 0`` and ``db = 0`` (side differences) are one when ``da / db`` is a non-zero constant."""
+    import sympy
+
+    try:
+        ratio = sympy.simplify(da / db)
+        return bool(ratio.is_number and ratio != 0 and ratio.is_finite is True)
+    except _SoftTimeout:
+        raise
+    except Exception:
+        return False
+
+
+def _as_equation(node):
+    """``("assign", name, ("num", v))`` → the side difference ``name - v`` (None when the name is not readable)."""
+    if node[2][0] != "num":
+        return None
+    name = _parse_scalar(node[1])
+    return None if name is None else name.expr - node[2][1].expr
+
+
+def _assignment_equal(a, b):
+    """Same name: the values compare. Different names: equal only as the same equation (``y = 2x+3`` and
+    ``x = \\frac{y-3}{2}``; ``x = 3`` and ``y = 3`` are not). Against an unnamed answer: its value compares."""
+    if a[0] == b[0] == "assign":
+        if a[1] == b[1]:
+            return answers_equal(a[2], b[2])
+        ea, eb = _as_equation(a), _as_equation(b)
+        return ea is not None and eb is not None and _equations_equal(ea, eb)
+    named, other = (a, b) if a[0] == "assign" else (b, a)
+    if other[0] == "eq":
+        e = _as_equation(named)
+        return e is not None and _equations_equal(e, other[1])
+    return answers_equal(named[2], other)
+
+
+def _unpaired(xs, ys):
+    """One side names two or more variables (``x = 3, y = 2``) and the other has an unnamed item (``2, 3``): the
+    names say which value is which, the bare list does not, so the two are not equal."""
+    for one, other in ((xs, ys), (ys, xs)):
+        if len({n[1] for n in one if n[0] == "assign"}) >= 2 and any(n[0] != "assign" for n in other):
+            return True
+    return False
+
+
+def _numeral_equal(a, b):
+    """A base numeral (``1011_2``) is its value (11); against a plain integer it also matches the integer written
+    with the same digits (``1011``), the answer without its subscript."""
+    if a[0] == b[0] == "base":
+        return a[1] == b[1]
+    numeral, other = (a, b) if a[0] == "base" else (b, a)
+    if other[0] != "num" or other[1].approx is not None:
+        return False
+    value = _doit(other[1].expr)
+    if not _is_rational_number(value) or value.q != 1:
+        return False
+    return value == numeral[1] or (numeral[2].isdigit() and value == int(numeral[2]))
+
+
 def answers_equal(a, b):
     """Equality of two parsed answers under the documented rules (symmetric)."""
     import sympy
@@ -521,6 +635,10 @@ def answers_equal(a, b):
     ka, kb = a[0], b[0]
     if ka == "num" and kb == "num":
         return scalars_equal(a[1], b[1])
+    if ka == "assign" or kb == "assign":
+        return _assignment_equal(a, b)
+    if ka == "base" or kb == "base":
+        return _numeral_equal(a, b)
     if ka == "pct" or kb == "pct":
         if ka == "pct" and kb == "pct":
             return scalars_equal(a[1], b[1])
@@ -533,6 +651,8 @@ def answers_equal(a, b):
     if ka == "text" or kb == "text":
         if ka == kb == "text" and a[1] == b[1]:
             return True
+        return False
+    if {ka, kb} <= {"list", "set"} and _unpaired(a[1], b[1]):
         return False
     if ka == "list" and kb == "list":
         return _match_all(a[1], b[1])
@@ -558,13 +678,7 @@ def answers_equal(a, b):
             n[0] == "num" and scalars_equal(c, n[1]) for c, n in zip(flat, t[3])
         )
     if ka == "eq" and kb == "eq":
-        try:
-            ratio = sympy.simplify(a[1] / b[1])
-            return ratio.is_number and ratio != 0 and ratio.is_finite is True
-        except _SoftTimeout:
-            raise
-        except Exception:
-            return False
+        return _equations_equal(a[1], b[1])
     if "rset" in (ka, kb):
         return _sets_equal(_as_set(a), _as_set(b))
     return False
@@ -581,10 +695,28 @@ def _undefined(answer):
     return False
 
 
-def compare_normalised(p, g):
-    """(equal, stage) of two normalised answers: the string stage, then structure + sympy."""
+# operations that ask for a computation: in final-form mode a prediction may use one only where the gold does
+_UNEVALUATED_RE = re.compile(
+    r"\\(?:i{0,3}int|oint|sum|prod|lim|limsup|liminf|binom|dbinom|tbinom|choose|bmod|pmod|mod|partial|nabla|det"
+    r"|gcd|lcm|max|min)(?![A-Za-z])"
+    r"|(?<![A-Za-z\\])(?:mod|gcd|lcm|max|min|det)(?![A-Za-z])"  # \operatorname{lcm}, \text{mod} once unwrapped
+    r"|(?<![<>=\\])!+(?!=)"  # a factorial
+    r"|\\frac\{d[^{}]*\}\{d[A-Za-z]"  # a derivative d/dx
+)
+
+
+def unevaluated_operations(answer):
+    """The computations a normalised answer asks for (``\\int``, ``\\binom``, ``!``, ``\\bmod``, ``d/dx``...)."""
+    return {m.group(0).lstrip("\\").rstrip("!") or "!" for m in _UNEVALUATED_RE.finditer(answer)}
+
+
+def compare_normalised(p, g, final_form=False):
+    """(equal, stage) of two normalised answers: the string stage, then structure + sympy. With ``final_form`` the
+    prediction ``p`` may ask for no computation (integral, sum, binomial, factorial, mod, ...) that ``g`` does not."""
     if not p or not g:
         return False, "empty"
+    if final_form and not unevaluated_operations(p) <= unevaluated_operations(g):
+        return False, "not-final"
     if p == g:
         if _undefined(p):
             return False, "undefined"
@@ -603,13 +735,15 @@ def compare_normalised(p, g):
     return bool(answers_equal(a, b)), "sympy"
 
 
-def heavy_equal(pred: str, gold: str, timeout: float = 5.0) -> tuple[bool, str]:
+def heavy_equal(pred: str, gold: str, timeout: float = 5.0, final_form: bool = False) -> tuple[bool, str]:
     """Comparison of two answers as written (or already normalised; normalisation is idempotent): cleanup, string
     stage, structure + sympy, all under the time bound. Returns (equal, stage). Never raises (a soft timeout gives
     ``(False, "timeout")``). Uses SIGALRM only when called from the main thread; from another thread (the
     in-process fallback) only the normalised strings are compared."""
     if threading.current_thread() is not threading.main_thread():
         p, g = normalize_math_answer(pred), normalize_math_answer(gold)
+        if final_form and not unevaluated_operations(p) <= unevaluated_operations(g):
+            return False, "not-final"
         return bool(p) and p == g, "string-only"
     use_alarm = bool(timeout and timeout > 0)
 
@@ -623,7 +757,7 @@ def heavy_equal(pred: str, gold: str, timeout: float = 5.0) -> tuple[bool, str]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return compare_normalised(normalize_math_answer(pred), normalize_math_answer(gold))
+            return compare_normalised(normalize_math_answer(pred), normalize_math_answer(gold), final_form)
     except _SoftTimeout:
         return False, "timeout"
     except BaseException:  # RecursionError, MemoryError, ...
@@ -652,7 +786,8 @@ def _main():
     for line in sys.stdin:
         try:
             req = json.loads(line)
-            equal, stage = heavy_equal(str(req["pred"]), str(req["gold"]), float(req.get("timeout", 5.0)))
+            equal, stage = heavy_equal(str(req["pred"]), str(req["gold"]), float(req.get("timeout", 5.0)),
+                                       bool(req.get("final_form", False)))
             resp = {"id": req.get("id"), "equal": bool(equal), "stage": stage}
         except Exception as exc:
             resp = {"id": None, "equal": False, "stage": f"error: {type(exc).__name__}"}

@@ -170,7 +170,7 @@ class _Worker:
                 return False
         return True
 
-    def compare(self, pred: str, gold: str, timeout: float) -> tuple[bool, str]:
+    def compare(self, pred: str, gold: str, timeout: float, final_form: bool = False) -> tuple[bool, str]:
         """Send two answers as written; the worker cleans them up and compares them within ``timeout``."""
         backends = self.ensure_ready()
         if backends is None:
@@ -178,7 +178,8 @@ class _Worker:
         if backends:
             _check_backends(backends)
         self._next_id += 1
-        req = json.dumps({"id": self._next_id, "pred": pred, "gold": gold, "timeout": timeout}) + "\n"
+        req = json.dumps({"id": self._next_id, "pred": pred, "gold": gold, "timeout": timeout,
+                          "final_form": final_form}) + "\n"
         deadline = time.monotonic() + timeout + _GRACE
         try:
             sent = self._send(req.encode(), deadline)
@@ -225,10 +226,10 @@ class _Pool:
         self._all: list[_Worker] = list(self._free.queue)
         self.broken = False
 
-    def compare(self, pred: str, gold: str, timeout: float) -> tuple[bool, str]:
+    def compare(self, pred: str, gold: str, timeout: float, final_form: bool = False) -> tuple[bool, str]:
         w = self._free.get()
         try:
-            return w.compare(pred, gold, timeout)
+            return w.compare(pred, gold, timeout, final_form)
         finally:
             self._free.put(w)
 
@@ -265,7 +266,7 @@ def shutdown_math_workers() -> None:
 atexit.register(shutdown_math_workers)
 
 
-def _heavy_inline(pred: str, gold: str, timeout: float) -> bool:
+def _heavy_inline(pred: str, gold: str, timeout: float, final_form: bool) -> bool:
     if threading.current_thread() is not threading.main_thread():
         warn_once(
             logger,
@@ -276,37 +277,47 @@ def _heavy_inline(pred: str, gold: str, timeout: float) -> bool:
     from . import _math_worker
 
     _check_backends(_math_worker._backends()[1])
-    return _math_worker.heavy_equal(pred, gold, timeout)[0]
+    return _math_worker.heavy_equal(pred, gold, timeout, final_form)[0]
 
 
-def _heavy_equal(pred: str, gold: str, timeout: float) -> bool:
+def _heavy_equal(pred: str, gold: str, timeout: float, final_form: bool) -> bool:
     if os.environ.get("DLLM_TRL_MATH_INLINE") == "1":
-        return _heavy_inline(pred, gold, timeout)
+        return _heavy_inline(pred, gold, timeout, final_form)
     pool = _get_pool()
     if not pool.broken:
         try:
-            return pool.compare(pred, gold, timeout)[0]
+            return pool.compare(pred, gold, timeout, final_form)[0]
         except OSError as exc:
             pool.broken = True
             warn_once(logger, "pool",
                       f"dllm_trl math reward: cannot start worker processes ({exc}); running in process.")
-    return _heavy_inline(pred, gold, timeout)
+    return _heavy_inline(pred, gold, timeout, final_form)
+
+
+def _check_final_form(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"math reward: {name} must be True or False (got {value!r}); True asks the prediction for a "
+                         "final form (no integral, sum, binomial, factorial, mod, ... that the gold does not use)")
+    return value
 
 
 # =============================================================================== public API
-def math_answers_equal(pred: Any, gold: Any, timeout: float = DEFAULT_TIMEOUT) -> bool:
-    """True when ``pred`` and ``gold`` denote the same answer. Never raises.
+def math_answers_equal(pred: Any, gold: Any, timeout: float = DEFAULT_TIMEOUT, final_form: bool = False) -> bool:
+    """True when ``pred`` and ``gold`` denote the same answer. Never raises on the answers.
 
     Cleanup, normalised string equality, then the structural / sympy comparison, all in a worker process
-    whose answer is awaited at most ``timeout + 1`` seconds (see the module docstring).
+    whose answer is awaited at most ``timeout + 1`` seconds (see the module docstring). ``final_form=True``: the
+    prediction may not ask for a computation the gold does not (``\\int_0^1 x^2 dx``, ``\\binom{10}{3}``, ``10!``
+    against ``120``... score 0); by default a value-equal answer is equal however it is written (``docs/rewards.md``).
     """
+    final_form = _check_final_form(final_form, "final_form")
     try:
         if pred is None or gold is None:
             return False
         p, g = str(pred), str(gold)
         if not p.strip() or not g.strip() or len(p) > _MAX_RAW_CHARS or len(g) > _MAX_RAW_CHARS:
             return False
-        return bool(_heavy_equal(p, g, float(timeout)))
+        return bool(_heavy_equal(p, g, float(timeout), final_form))
     except Exception as exc:  # pragma: no cover - defensive: nothing escapes
         logger.debug("math_answers_equal failed: %r", exc)
         return False
@@ -353,7 +364,7 @@ def _broadcast(values: Any, n: int, name: str) -> list:
     return values
 
 
-def _score_one(completion: Any, gold: Any, timeout: float) -> float:
+def _score_one(completion: Any, gold: Any, timeout: float, final_form: bool) -> float:
     try:
         pred = extract_boxed_answer(completion_to_text(completion))
         if pred is None:
@@ -361,20 +372,21 @@ def _score_one(completion: Any, gold: Any, timeout: float) -> float:
         g = extract_gold_answer(gold)
         if g is None:
             return 0.0
-        return 1.0 if math_answers_equal(pred, g, timeout=timeout) else 0.0
+        return 1.0 if math_answers_equal(pred, g, timeout=timeout, final_form=final_form) else 0.0
     except Exception:  # pragma: no cover - defensive
         return 0.0
 
 
-def _score_batch(completions: Sequence[Any], golds: Sequence[Any], timeout: float, num_threads: int | None) -> list[float]:
+def _score_batch(completions: Sequence[Any], golds: Sequence[Any], timeout: float, num_threads: int | None,
+                 final_form: bool = False) -> list[float]:
     n = len(completions)
     if n == 0:
         return []
     threads = num_threads or _default_workers()
     if n == 1 or threads <= 1:
-        return [_score_one(c, g, timeout) for c, g in zip(completions, golds)]
+        return [_score_one(c, g, timeout, final_form) for c, g in zip(completions, golds)]
     with ThreadPoolExecutor(max_workers=min(threads, n)) as ex:
-        return list(ex.map(lambda cg: _score_one(cg[0], cg[1], timeout), zip(completions, golds)))
+        return list(ex.map(lambda cg: _score_one(cg[0], cg[1], timeout, final_form), zip(completions, golds)))
 
 
 def math_reward(completions: Sequence[Any], answer: Sequence[Any] | Any, **kwargs: Any) -> list[float]:
@@ -387,15 +399,17 @@ def math_reward(completions: Sequence[Any], answer: Sequence[Any] | Any, **kwarg
             argument, repeated per generation). Each entry may be a bare answer (``"\frac12"``), a
             solution containing ``\boxed{}`` (MATH) or a GSM8K ``"... #### 42"`` string.
         **kwargs: ``prompts``, ``completion_ids`` and the other dataset columns are ignored;
-            ``math_timeout`` (seconds per comparison) is honoured.
+            ``math_timeout`` (seconds per comparison) and ``math_final_form`` (bool, default False: see
+            :func:`math_answers_equal`) are honoured.
 
     For datasets whose ground-truth column has another name (``solution``, ``ground_truth``...),
     use :func:`make_math_reward(answer_key=...)`. A completion without a box scores 0.0.
     """
     n = len(completions)
     timeout = float(kwargs.get("math_timeout", DEFAULT_TIMEOUT))
+    final_form = _check_final_form(kwargs.get("math_final_form", False), "math_final_form")
     golds = _broadcast(answer, n, "answer")
-    return _score_batch(list(completions), golds, timeout, None)
+    return _score_batch(list(completions), golds, timeout, None, final_form)
 
 
 def make_math_reward(
@@ -403,16 +417,19 @@ def make_math_reward(
     timeout: float = DEFAULT_TIMEOUT,
     num_threads: int | None = None,
     name: str | None = None,
+    final_form: bool = False,
 ) -> Callable[..., list[float]]:
     """Factory: a TRL reward function reading the ground truth from column ``answer_key``
     (e.g. ``"solution"`` for MATH, ``"ground_truth"``). The returned function's ``__name__`` is
-    ``name`` (default ``"math_reward"`` / ``"math_reward_<key>"``), which TRL uses for logging."""
+    ``name`` (default ``"math_reward"`` / ``"math_reward_<key>"``), which TRL uses for logging.
+    ``final_form=True`` asks each prediction for a final form (see :func:`math_answers_equal`)."""
+    final_form = _check_final_form(final_form, "final_form")
 
     def reward(completions: Sequence[Any], **kwargs: Any) -> list[float]:
         if answer_key not in kwargs:
             raise KeyError(f"math reward: dataset column '{answer_key}' was not passed to the reward function")
         golds = _broadcast(kwargs[answer_key], len(completions), answer_key)
-        return _score_batch(list(completions), golds, timeout, num_threads)
+        return _score_batch(list(completions), golds, timeout, num_threads, final_form)
 
     reward.__name__ = name or ("math_reward" if answer_key == "answer" else f"math_reward_{answer_key}")
     reward.__qualname__ = reward.__name__
