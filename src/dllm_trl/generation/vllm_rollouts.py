@@ -6,8 +6,8 @@ engine's own top-K log-probabilities of each sampled token (SPEC §3.3, §10).
 * ``EngineRollouts`` (:func:`engine_rollouts_class`): TRL's :class:`~trl.generation.vllm_generation.VLLMGeneration` asking vLLM for the top-K,
   refusing an engine that would not report the distribution it sampled from (``logprobs_mode`` other than
   ``processed_logprobs``: after temperature, penalties, top-k / top-p / min-p), taking extra ``vllm.LLM`` arguments in
-  colocate mode, and syncing weights into a vLLM server without CUDA through a file the server reloads (TRL's server
-  sync runs on NCCL only).
+  colocate mode, and syncing weights without CUDA: into a colocate engine through vLLM's ``reload_weights``, into a
+  server through a file the server reloads (TRL's server sync runs on NCCL only).
 """
 
 from __future__ import annotations
@@ -115,15 +115,15 @@ def engine_rollouts_class():
     class EngineRollouts(vllm_generation.VLLMGeneration):
         """TRL's vLLM backend, asked for the behaviour top-K (module docstring).
 
-        ``top_k``: how many log-probs per token (``divergence_top_k``); ``engine_kwargs``: extra ``vllm.LLM``
-        arguments in colocate mode (``max_logprobs`` defaults to what ``top_k`` needs).
+        ``behaviour_top_k``: how many log-probs per token (``divergence_top_k``); ``engine_kwargs``: extra ``vllm.LLM``
+        arguments in colocate mode (``max_logprobs`` defaults to what ``behaviour_top_k`` needs).
         """
 
-        def __init__(self, *args, top_k: int, engine_kwargs: dict | None = None, **kwargs):
-            self.top_k = top_k
+        def __init__(self, *args, behaviour_top_k: int, engine_kwargs: dict | None = None, **kwargs):
+            self.behaviour_top_k = behaviour_top_k
             self.engine_kwargs = dict(engine_kwargs or {})
             self._weights_dir = None
-            kwargs["logprobs"] = top_k
+            kwargs["logprobs"] = behaviour_top_k
             super().__init__(*args, **kwargs)
 
         @property
@@ -131,13 +131,19 @@ def engine_rollouts_class():
             """Server mode without CUDA: TRL's NCCL weight transfer cannot run, the server reloads a file instead."""
             return self.mode == "server" and self.accelerator.device.type != "cuda"
 
+        @property
+        def syncs_through_reload(self) -> bool:
+            """Colocate mode without CUDA: vLLM's CPU runner repacks the linear weights after loading, so TRL's
+            per-tensor ``load_weights`` finds no loader; the runner's ``reload_weights`` restores them first."""
+            return self.mode == "colocate" and self.accelerator.device.type != "cuda"
+
         def _init_vllm(self):
             if self.mode == "colocate":
                 clash = sorted(TRL_LLM_ARGUMENTS & set(self.engine_kwargs))
                 if clash:
                     raise ValueError(f"vllm_engine_kwargs sets {clash}, which TRL's colocate engine sets from its own "
                                      "vllm_* fields (or fixes): set those fields instead.")
-                engine_kwargs = {"max_logprobs": max(20, self.top_k), **self.engine_kwargs}
+                engine_kwargs = {"max_logprobs": max(20, self.behaviour_top_k), **self.engine_kwargs}
                 engine = vllm_generation.LLM
 
                 def build_engine(*args, **kwargs):
@@ -170,13 +176,18 @@ def engine_rollouts_class():
             if logprobs_mode != "processed_logprobs":
                 raise ValueError(f"The vLLM engine reports logprobs_mode={logprobs_mode!r}: its log-probs are not "
                                  f"those of the distribution it samples from, which μ must be; {where}.")
-            if max_logprobs != -1 and max_logprobs < self.top_k:
+            if max_logprobs != -1 and max_logprobs < self.behaviour_top_k:
                 fix = ("restart the server with `--max-logprobs -1`" if self.mode == "server"
                        else "set vllm_engine_kwargs={'max_logprobs': ...}")
                 raise ValueError(f"The vLLM engine returns at most {max_logprobs} log-probs per token, fewer than "
-                                 f"divergence_top_k={self.top_k}: {fix}, or lower divergence_top_k.")
+                                 f"divergence_top_k={self.behaviour_top_k}: {fix}, or lower divergence_top_k.")
 
         def sync_weights(self):
+            if self.syncs_through_reload:
+                runner = self.llm.llm_engine.model_executor.driver_worker.model_runner
+                runner.reload_weights(weights_iterator=self._iter_named_params())
+                self.llm.reset_prefix_cache()
+                return None
             if not self.syncs_through_file:
                 return super().sync_weights()
             from safetensors.torch import save_file

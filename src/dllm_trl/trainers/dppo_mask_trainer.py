@@ -200,7 +200,7 @@ class CausalDPPOMaskTrainer(SafeRunMixin, GRPOTrainer):
         base = engine_rollouts_class()
 
         def build(*build_args, **build_kwargs):
-            return base(*build_args, top_k=args.divergence_top_k,
+            return base(*build_args, behaviour_top_k=args.divergence_top_k,
                         engine_kwargs=getattr(args, "vllm_engine_kwargs", None), **build_kwargs)
 
         return replaced_attribute(grpo_trainer, "VLLMGeneration", build)
