@@ -23,7 +23,9 @@ from dllm_trl.toy.sudoku import sudoku_cell_reward, sudoku_dataset
 from dllm_trl.trainers import CausalDPPOMaskConfig, CausalDPPOMaskTrainer, DPPOMaskConfig, RLDFConfig
 
 TOP_K = 4
-ENGINE = {"dtype": "float32", "enforce_eager": True}  # the trainer's precision; no torch.compile on 2 cores
+# The trainer's precision; no torch.compile on 2 cores; a 64 MiB KV cache, so that two engines fit in one process
+# (vLLM's CPU worker counts the share of RAM given by vllm_gpu_memory_utilization process-wide).
+ENGINE = {"dtype": "float32", "enforce_eager": True, "kv_cache_memory_bytes": 1 << 26}
 SERVER_START_S = 420  # measured: 108 s on 2 busy cores
 MU_TOLERANCE = 1e-4  # float noise of vLLM's CPU kernels vs transformers, fp32: measured up to 1.3e-5 (bf16: 3e-3)
 
@@ -88,10 +90,11 @@ def vllm_args(tmp_path, **overrides):
     return CausalDPPOMaskConfig(**values)
 
 
-def make_vllm_trainer(tmp_path, **overrides):
+def make_vllm_trainer(tmp_path, peft_config=None, **overrides):
     model, tokenizer = load_sudoku_causal()
     return CausalDPPOMaskTrainer(model=model, reward_funcs=sudoku_cell_reward, args=vllm_args(tmp_path, **overrides),
-                                 train_dataset=sudoku_dataset("train", size=16), processing_class=tokenizer)
+                                 train_dataset=sudoku_dataset("train", size=16), processing_class=tokenizer,
+                                 peft_config=peft_config)
 
 
 @pytest.fixture(scope="module")
@@ -227,3 +230,26 @@ def test_a_diffusion_model_with_use_vllm_is_refused_naming_the_fix(tmp_path):
     with pytest.raises(ValueError, match="bidirectionally.*vLLM rolls out causal LMs only"):
         CausalDPPOMaskTrainer(model=model, reward_funcs=sudoku_cell_reward, args=vllm_args(tmp_path),
                               processing_class=tokenizer)
+
+
+@pytest.mark.vllm
+def test_lora_is_merged_into_the_engine(colocate_trainer, tmp_path):
+    """A PEFT policy: after two steps and a sync, the engine decodes as the merged policy does (a second colocate
+    engine in this process, beside the module's)."""
+    from peft import LoraConfig
+
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], lora_dropout=0.0)
+    trainer = make_vllm_trainer(tmp_path, vllm_mode="colocate", vllm_engine_kwargs=ENGINE, peft_config=lora,
+                                learning_rate=5e-2)
+    trainer.train()
+    with torch.no_grad():  # a delta large enough to change the greedy decoding if the merge were missing
+        for name, param in trainer.model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=torch.Generator().manual_seed(1)))
+    trainer.vllm_generation.sync_weights()
+    prompt_ids = prompts(trainer)
+    engine, _, _ = engine_generate(trainer, prompt_ids, 0.0, 0)
+    eos = trainer.processing_class.eos_token_id
+    assert [greedy_by_hand(trainer.model, ids, eos) for ids in prompt_ids] == engine
+    with trainer.model.disable_adapter():
+        assert [greedy_by_hand(trainer.model, ids, eos) for ids in prompt_ids] != engine
