@@ -3,8 +3,8 @@ engine's own top-K log-probabilities of each sampled token (SPEC §3.3, §10).
 
 * :func:`engine_behaviour`: vLLM's per-token log-prob lists -> the ``behaviour_*`` tensors the trust-region loss reads
   (the same keys :class:`~dllm_trl.generation.BehaviourCapture` fills from transformers' ``generate()``).
-* ``EngineRollouts`` (:func:`engine_rollouts_class`): TRL's :class:`~trl.generation.vllm_generation.VLLMGeneration` asking vLLM for the top-K,
-  refusing an engine that would not report the distribution it sampled from (``logprobs_mode`` other than
+* ``EngineRollouts`` (:func:`engine_rollouts_class`): TRL's ``VLLMGeneration`` asking vLLM for the top-K, refusing
+  an engine that would not report the distribution it sampled from (``logprobs_mode`` other than
   ``processed_logprobs``: after temperature, penalties, top-k / top-p / min-p), taking extra ``vllm.LLM`` arguments in
   colocate mode, and syncing weights without CUDA: into a colocate engine through vLLM's ``reload_weights``, into a
   server through a file the server reloads (TRL's server sync runs on NCCL only).
@@ -139,6 +139,9 @@ def engine_rollouts_class():
 
         def _init_vllm(self):
             if self.mode == "colocate":
+                if self.syncs_through_reload and self.enable_sleep_mode:
+                    raise ValueError("vllm_enable_sleep_mode=True is not supported without CUDA: the colocate engine "
+                                     "is synced through vLLM's reload_weights, untested with sleep mode. Leave it False.")
                 clash = sorted(TRL_LLM_ARGUMENTS & set(self.engine_kwargs))
                 if clash:
                     raise ValueError(f"vllm_engine_kwargs sets {clash}, which TRL's colocate engine sets from its own "
