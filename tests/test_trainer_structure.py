@@ -24,7 +24,8 @@ from .conftest import addition_dataset, length_reward, make_char_tokenizer, tiny
 from .test_dppo_mask_trainer import digit_reward, snapshot, tiny_causal, tiny_diffusion
 
 OWN_HELPERS = {"make_loss", "_old_logps_needed", "_zero_variance_rows", "_clean_targets_from_loss",
-               "_loss_normalizer", "_finish_pending_normalization", "_generator_files"}
+               "_loss_normalizer", "_finish_pending_normalization", "_generator_files", "_generate_with_engine",
+               "_log_engine_mismatch"}
 """Methods of the package's trainers that TRL does not have (everything else they define overrides a TRL hook)."""
 
 

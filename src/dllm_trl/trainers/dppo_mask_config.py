@@ -27,6 +27,8 @@ REFUSED_BY_THE_MASK = {
     "use_transformers_continuous_batching": "the behaviour top-K is captured through generate()'s logits processors",
 }
 """GRPOConfig fields every trust-region config refuses at a non-default value, with the reason."""
+_ENGINE_CORRECTION = ("the masked loss weighs each token by min(π_θ(a)/μ(a), is_cap) against vLLM's μ, which is "
+                      "the correction of the engine's mismatch; TRL's ratio π_old/μ on top would correct twice")
 
 
 @dataclass
@@ -134,23 +136,51 @@ class CausalDPPOMaskConfig(TrustRegionArguments, SafeRunArguments, GRPOConfig):
         loss_type (`str`, *optional*, defaults to `"dapo"`):
             Aggregation of the per-token terms: TRL's `grpo`, `bnpo`, `dr_grpo` or `dapo`.
         use_vllm (`bool`, *optional*, defaults to `False`):
-            Must stay `False`: the behaviour top-K is captured through transformers' `generate()`.
+            Roll out with vLLM (TRL's `vllm_mode`: `"colocate"` or `"server"`); `μ` is then the engine's top-
+            `divergence_top_k` log-probs of each sampled token, as sampled (`processed_logprobs`), and the weights are
+            synced into the engine at every step as TRL does (LoRA merged). See `docs/vllm.md`.
+        vllm_importance_sampling_correction (`bool`, *optional*, defaults to `False`):
+            Must stay `False` (TRL's default is `True`): the masked loss already weighs each token by
+            `min(π_θ(a)/μ(a), is_cap)` against the engine's `μ`; TRL's ratio `π_old/μ` on top would correct twice.
+            The `sampling/*` mismatch metrics are logged with `use_vllm` regardless.
+        vllm_engine_kwargs (`dict` or `None`, *optional*, defaults to `None`):
+            Extra `vllm.LLM` arguments of the colocate engine, e.g. `{"dtype": "float32", "enforce_eager": True}`
+            (`max_logprobs` defaults to what `divergence_top_k` needs). Arguments TRL sets from its own `vllm_*`
+            fields are refused. Server mode: pass them on the server's command line.
     """
 
     loss_type: str = field(default="dapo", metadata={"help": f"Aggregation of the per-token terms: one of {LOSS_TYPES}."})
     use_vllm: bool = field(
-        default=False, metadata={"help": "Must stay False: the behaviour top-K is captured through generate()."}
+        default=False, metadata={"help": "Roll out with vLLM; μ = the engine's top-K log-probs as sampled."}
+    )
+    vllm_importance_sampling_correction: bool = field(
+        default=False,
+        metadata={"help": "Must stay False: the mask's weight min(π_θ/μ, is_cap) already corrects against vLLM's μ."},
+    )
+    vllm_engine_kwargs: dict | None = field(
+        default=None, metadata={"help": "Extra vllm.LLM arguments in colocate mode (e.g. dtype, enforce_eager)."}
     )
 
     @classmethod
     def refused_grpo_fields(cls) -> dict[str, str]:
         refused = dict(REFUSED_BY_THE_MASK)
-        refused["use_vllm"] = "the behaviour top-K is captured through transformers' generate()"
+        for name in ("vllm_importance_sampling_mode", "vllm_importance_sampling_clip_max",
+                     "vllm_importance_sampling_clip_min", "vllm_importance_sampling_cap"):
+            refused[name] = _ENGINE_CORRECTION
         return refused
 
     def __post_init__(self):
         self.check_trust_region()
         check_grpo_fields(self, self.refused_grpo_fields())
+        if self.vllm_importance_sampling_correction:
+            raise ValueError(f"vllm_importance_sampling_correction=True is not supported: {_ENGINE_CORRECTION}. "
+                             "Set it to False (the sampling/* mismatch metrics are logged with use_vllm regardless).")
+        if self.vllm_engine_kwargs and not (self.use_vllm and self.vllm_mode == "colocate"):
+            raise ValueError(f"vllm_engine_kwargs={self.vllm_engine_kwargs!r} configures the colocate vLLM engine: "
+                             "set use_vllm=True, vllm_mode='colocate', or leave it None.")
+        if self.use_vllm and "logprobs" in (self.generation_kwargs or {}):
+            raise ValueError("generation_kwargs['logprobs'] would change the top-K vLLM returns for μ: remove it and "
+                             "set divergence_top_k instead.")
         super().__post_init__()
 
 

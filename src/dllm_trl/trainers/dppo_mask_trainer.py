@@ -3,7 +3,9 @@
 
 * :class:`CausalDPPOMaskTrainer` (a ``GRPOTrainer``): causal LMs, the paper's setting. Generation is TRL's own with a
   :class:`~dllm_trl.generation.BehaviourCapture` appended last to the logits processors ``generate()`` builds, so it
-  sees exactly the distribution each token is drawn from; the loss is :class:`CausalTrustRegionLoss`.
+  sees exactly the distribution each token is drawn from; or, with ``use_vllm``, vLLM's (colocate or server) with μ
+  the engine's top-K log-probs as sampled (:mod:`dllm_trl.generation.vllm_rollouts`). The loss is
+  :class:`CausalTrustRegionLoss`.
 * :class:`DiffusionDPPOMaskTrainer` (an :class:`RLDFTrainer`): masked diffusion LMs; RLDF's rollouts, states, targets,
   normalisation and per-step backward with :class:`DiffusionTrustRegionLoss` as the loss object.
 * :class:`DPPOMaskTrainer`: the name users know; it builds the trainer of the model's kind once
@@ -12,12 +14,18 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from trl import GRPOTrainer
+from trl.extras.profiling import profiling_context
+from trl.trainer import grpo_trainer
 from trl.trainer.utils import add_fused_lm_head, create_model_from_path
 
 from ..generation.behaviour import BehaviourCapture, appended_logits_processor
 from ..generation.diffusion_gemma import is_diffusion_gemma
+from ..generation.vllm_rollouts import engine_behaviour, engine_rollouts_class, import_checked_vllm, replaced_attribute
+from ..losses.rollout_mismatch import mismatch_metrics
 from ..losses.trust_region_loss import CausalTrustRegionLoss, DiffusionTrustRegionLoss
 from ..models.bidirectional import diffusion_config, is_bidirectional
 from ..models.engines import unwrap_model
@@ -25,6 +33,7 @@ from ..models.engines import vocab_size as model_vocab_size
 from ..models.loading import checkpoint_family, load_diffusion_model, read_raw_config
 from .common import (
     init_with_reference,
+    log_metric_extremes,
     log_metric_sums,
     old_checkpointing_names_quiet,
     prepare_reference,
@@ -155,32 +164,52 @@ class CausalDPPOMaskTrainer(SafeRunMixin, GRPOTrainer):
                              "KV cache; a causal LM's generate() records μ under an exact cache: leave it False.")
         if isinstance(model, str):
             model = create_model_from_path(model, **dict(args.model_init_kwargs or {}))
+        use_vllm = getattr(args, "use_vllm", False)
+        if use_vllm:
+            import_checked_vllm()
+        vllm_hint = " vLLM rolls out causal LMs only (use_vllm=True is not supported for it)." if use_vllm else ""
         if is_diffusion_gemma(model):
-            raise ValueError(f"model_kind='causal' but the model is DiffusionGemma. {DIFFUSION_GEMMA_PIECES}")
+            raise ValueError(f"model_kind='causal' but the model is DiffusionGemma.{vllm_hint} {DIFFUSION_GEMMA_PIECES}")
         if getattr(getattr(model, "config", None), "mask_token_id", None) is not None:
             try:
                 if is_bidirectional(model):
-                    raise ValueError("model_kind='causal' but the model attends bidirectionally (a diffusion LM).")
+                    raise ValueError("model_kind='causal' but the model attends bidirectionally (a diffusion LM)."
+                                     + vllm_hint)
             except TypeError:
                 pass
         vocab_size = model_vocab_size(model)
         _check_top_k(args, vocab_size)
         self.loss = CausalTrustRegionLoss(args, vocab_size, args.temperature)
-        reference = init_with_reference(self, super().__init__, model, args, load=create_model_from_path,
-                                        reward_funcs=reward_funcs, **kwargs)
+        with self._engine_rollouts(args) if use_vllm else contextlib.nullcontext():
+            reference = init_with_reference(self, super().__init__, model, args, load=create_model_from_path,
+                                            reward_funcs=reward_funcs, **kwargs)
         if reference is not None:
             add_fused_lm_head(reference, temperature=self.temperature, cast_lm_head_to_fp32=args.cast_lm_head_to_fp32)
             self.ref_model = prepare_reference(reference, self.accelerator, self.args.disable_dropout)
-        config = self.generation_config
-        if not config.do_sample or (config.num_beams or 1) > 1:
-            raise ValueError("DPPOMaskTrainer needs multinomial sampling (do_sample=True, num_beams=1).")
-        if getattr(config, "watermarking_config", None) is not None:
-            raise ValueError("A watermarking processor would change the sampled distribution after the capture.")
+        if not use_vllm:
+            config = self.generation_config
+            if not config.do_sample or (config.num_beams or 1) > 1:
+                raise ValueError("DPPOMaskTrainer needs multinomial sampling (do_sample=True, num_beams=1).")
+            if getattr(config, "watermarking_config", None) is not None:
+                raise ValueError("A watermarking processor would change the sampled distribution after the capture.")
         self._behaviour = None
+
+    @staticmethod
+    def _engine_rollouts(args):
+        """While TRL's ``__init__`` runs, its vLLM backend is :func:`engine_rollouts_class`'s, asking for the top-K."""
+        base = engine_rollouts_class()
+
+        def build(*build_args, **build_kwargs):
+            return base(*build_args, behaviour_top_k=args.divergence_top_k,
+                        engine_kwargs=getattr(args, "vllm_engine_kwargs", None), **build_kwargs)
+
+        return replaced_attribute(grpo_trainer, "VLLMGeneration", build)
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         if images is not None or multimodal_fields:
             raise ValueError("DPPOMaskTrainer takes text prompts only.")
+        if self.use_vllm:
+            return self._generate_with_engine(prompt_ids, num_generations)
         capture = BehaviourCapture(self.args.divergence_top_k)
         with appended_logits_processor(unwrap_model(self.model), capture) as hook:
             completion_ids, logprobs = super()._generate_single_turn(
@@ -204,6 +233,23 @@ class CausalDPPOMaskTrainer(SafeRunMixin, GRPOTrainer):
         self._behaviour = behaviour
         return completion_ids, logprobs
 
+    def _generate_with_engine(self, prompt_ids, num_generations):
+        """TRL's vLLM rollout (weights synced once per step), keeping the engine's top-K as μ. Returns the completions
+        and the sampled tokens' log-probs, which TRL stores as ``sampling_per_token_logps``."""
+        if self.state.global_step != self._last_loaded_step:
+            with profiling_context(self, "sync_weights"):
+                self.vllm_generation.sync_weights()
+            self._last_loaded_step = self.state.global_step
+        _, completion_ids, logprobs, token_ids = self.vllm_generation.generate(
+            prompts=prompt_ids, images=None, num_generations=num_generations,
+            profiler=profiling_context(self, "vLLM.generate"),
+        )
+        completion_ids = [list(ids) for ids in completion_ids]
+        self._behaviour = engine_behaviour(completion_ids, logprobs, token_ids, self.args.divergence_top_k,
+                                           self.accelerator.device)
+        sampled = self._behaviour["behaviour_logps"].tolist()
+        return completion_ids, [row[:len(ids)] for row, ids in zip(sampled, completion_ids)]
+
     def _generate_and_score_completions(self, inputs):
         with old_checkpointing_names_quiet():
             output = super()._generate_and_score_completions(inputs)
@@ -211,7 +257,27 @@ class CausalDPPOMaskTrainer(SafeRunMixin, GRPOTrainer):
         width = output["completion_ids"].shape[1]  # TRL right-pads (and may pad to a multiple): follow it
         for key, fill in zip(BEHAVIOUR_KEYS, (-1, 0.0, 0.0)):
             output[key] = _fit_width(behaviour[key], width, fill)
+        if self.use_vllm:
+            self._log_engine_mismatch(output)
         return output
+
+    def _log_engine_mismatch(self, output):
+        """``sampling/*`` (:func:`~dllm_trl.losses.rollout_mismatch.mismatch_metrics`): the engine's log μ(a) against
+        the trainer's log π_old(a) of the same tokens (TRL's old-policy scoring, logits / T)."""
+        old_logps = output.get("old_per_token_logps")
+        if old_logps is None:
+            prompt_completion = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+            attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+            with torch.no_grad(), old_checkpointing_names_quiet():
+                old_logps, _, _ = self._get_per_token_logps_and_entropies(
+                    self.model, prompt_completion, attention_mask, output["completion_ids"].shape[1],
+                    batch_size=self.args.per_device_train_batch_size,
+                )
+        scored = output["completion_mask"].bool().unsqueeze(1)
+        sums, extremes = mismatch_metrics(old_logps.unsqueeze(1), output["behaviour_logps"], scored)
+        mode = "train" if self.model.training else "eval"
+        log_metric_sums(self, mode, sums)
+        log_metric_extremes(self, mode, extremes)
 
     def _compute_loss(self, model, inputs):
         mode = "train" if self.model.training else "eval"

@@ -17,7 +17,9 @@ from ..models.engines import check_launch_environment
 
 BACKWARD_MODES = ("auto", "per_step", "per_micro_batch")
 
-_VLLM = "diffusion rollouts run in the trainer (block-wise decoding with a KV cache), not in vLLM"
+_VLLM = ("diffusion rollouts run in the trainer's block-wise sampler, which records the per-step denoising trajectory "
+         "the loss trains on (vLLM returns final tokens only); to roll out a causal LM with vLLM use "
+         "CausalDPPOMaskConfig(use_vllm=True) with CausalDPPOMaskTrainer")
 _VLLM_IS = (_VLLM + "; the KV-cache mismatch of the rollout's record is corrected by the rollout_importance_sampling_* "
             "fields (same modes and bounds)")
 GRPO_FIELDS_REFUSED = {
