@@ -38,13 +38,13 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def launch(out: Path, *options: str, config: str | None = "multi_gpu", processes: int = 2, check: bool = True,
-           timeout: int = 900):
+def launch(out: Path, *options: str, config: str | Path | None = "multi_gpu", processes: int = 2, check: bool = True,
+           timeout: int = 900, env: dict | None = None):
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", CUDA_VISIBLE_DEVICES="",
-               DS_ACCELERATOR="cpu")
+               DS_ACCELERATOR="cpu", **(env or {}))
     command = [sys.executable, "-m", "accelerate.commands.launch"]
     if config is not None:
-        command += ["--config_file", str(CONFIGS / f"{config}.yaml")]
+        command += ["--config_file", str(config if isinstance(config, Path) else CONFIGS / f"{config}.yaml")]
     command += ["--num_processes", str(processes), "--num_machines", "1", "--mixed_precision", "no",
                 "--dynamo_backend", "no", "--main_process_port", str(free_port()), str(SCRIPT), str(out), *options]
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
@@ -154,6 +154,22 @@ def test_processes_decoding_different_step_counts_stay_in_lock_step(sure_unsure_
     assert result["losses"] == pytest.approx(sure_unsure_ddp["losses"], abs=1e-6)
     for name, value in sure_unsure_ddp["params"].items():
         torch.testing.assert_close(result["params"][name], value, **AGREEMENT, msg=name)
+
+
+def test_fsdp1_is_refused_with_the_fix(monkeypatch):
+    """FSDP1 (``fsdp_version: 1``) would run rollouts through unwrapped FSDP units without TRL's summon_full_params:
+    refused at the trainer's start (``check_launch``), naming the config key to change. accelerate's FSDP1 plugin
+    itself refuses to start without a GPU ("no available devices"), so here the check reads an accelerator whose
+    state says FSDP1, as accelerate builds it on GPUs."""
+    from types import SimpleNamespace
+
+    from dllm_trl.models.engines import check_launch
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    state = SimpleNamespace(fsdp_plugin=SimpleNamespace(fsdp_version=1), deepspeed_plugin=None)
+    with pytest.raises(RuntimeError, match=r"fsdp_version: 1 is not supported.*fsdp_version: 2"):
+        check_launch(SimpleNamespace(state=state, is_fsdp2=False, num_processes=2))
+    check_launch(SimpleNamespace(state=state, is_fsdp2=True, num_processes=2))  # FSDP2 passes
 
 
 def test_fsdp_config_on_cpu_is_refused(tmp_path, checkpoint):

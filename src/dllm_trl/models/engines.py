@@ -439,6 +439,13 @@ def check_launch(accelerator) -> None:
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     if launched > 1 and accelerator.num_processes == 1:
         raise RuntimeError(_alone_message(launched))
+    if is_fsdp(accelerator) and not getattr(accelerator, "is_fsdp2", False):
+        raise RuntimeError(
+            "fsdp_version: 1 is not supported: FSDP1 shards the weights of each wrapped unit inside a root wrapper "
+            "that the rollout and the scoring passes do not go through (TRL gathers them with summon_full_params, "
+            "per call). Set fsdp_version: 2 in the accelerate config (examples/accelerate_configs/fsdp.yaml), which "
+            "keeps every process's forwards in step (SPEC §9)."
+        )
 
 
 def _alone_message(launched: int) -> str:
