@@ -10,7 +10,9 @@ with its own sampler and loss), ``task`` (``sure_unsure``: the shipped Sudoku to
 grids, decoded in a few steps, whose groups drop as zero-variance — for process 0 and unsure of — 10–12 blanks, up
 to 20 steps — for process 1, with dynamic unmasking, so that the processes decode different step counts and run
 different numbers of loss forwards; see :func:`sure_unsure_dataset`). Each process records its rollouts' forward
-counts and its real loss chunks per step (``nfe``, ``loss_chunks`` in the result, one row per process). Every process checks that its view of the full parameters, and its buffers, equal
+counts and its real loss chunks per step (``nfe``, ``loss_chunks`` in the result, one row per process), all its
+forwards of the policy (``forwards``: rollouts, scoring, loss and idle ones) and its rollout seconds; ``batch``:
+completions per process (``sure_unsure``; 2 by default). Every process checks that its view of the full parameters, and its buffers, equal
 the others'; rank 0 writes ``OUTPUT_DIR/result.pt`` (losses, KLs, the full trained parameters, the engine that ran).
 The harness reads the engines through accelerate and torch only, not through the code under test.
 """
@@ -21,6 +23,7 @@ import math
 import os
 import resource
 import sys
+import time
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -44,7 +47,7 @@ def distinct_reward(completions, **kwargs):
 
 def parse(argv):
     options = dict(model="memory", beta="0.01", backward_mode="", steps="2", save="0", fsdp_on_cpu="0", use_cpu="1",
-                   count_comm="0", family="masked", task="addition")
+                   count_comm="0", family="masked", task="addition", batch="2")
     for item in argv:
         key, value = item.split("=", 1)
         if key not in options:
@@ -134,7 +137,9 @@ class RecordingSampler:
         self.sampler.check_model(model)
 
     def __call__(self, *args, **kwargs):
+        start = time.perf_counter()
         output = self.sampler(*args, **kwargs)
+        self.seconds = getattr(self, "seconds", 0.0) + time.perf_counter() - start
         self.record.append(output.nfe)
         return output
 
@@ -169,7 +174,8 @@ def main(output_dir: str, options: dict):
     shape = dict(per_device_train_batch_size=4 // int(os.environ.get("WORLD_SIZE", "1")), num_generations=4,
                  max_completion_length=8, block_length=4, learning_rate=1e-3)
     if sure_unsure:  # one prompt per process and step, in dataset order; one block of 20, dynamic unmasking
-        shape = dict(per_device_train_batch_size=2, num_generations=2, max_completion_length=20, block_length=20,
+        batch = int(options["batch"])
+        shape = dict(per_device_train_batch_size=batch, num_generations=batch, max_completion_length=20, block_length=20,
                      shuffle_dataset=False, unmasking="dynamic", unmasking_threshold=0.9, learning_rate=1e-5)
     args = RLDFConfig(
         output_dir=output_dir, max_steps=steps, logging_steps=1, report_to="none", beta=float(options["beta"]), seed=0, use_cpu=options["use_cpu"] == "1",
@@ -211,6 +217,10 @@ def main(output_dir: str, options: dict):
         return chunks
 
     trainer.loss.loss_chunks = recording_chunks
+    forwards = [0]  # every forward of the policy (rollout, scoring, loss, idle), for benchmarks/lock_step.py
+    from dllm_trl.models.engines import unwrap_model
+
+    unwrap_model(trainer.model_wrapped).register_forward_pre_hook(lambda m, a: forwards.__setitem__(0, forwards[0] + 1))
     COMMUNICATION["on"] = options["count_comm"] == "1"
     trainer.add_callback(CommunicationPerStep())
     trainer.train()
@@ -229,6 +239,8 @@ def main(output_dir: str, options: dict):
     assert all(torch.equal(buffer_views[0], view) for view in buffer_views), "buffers differ across processes"
     COMMUNICATION["on"] = False
     per_process = trainer.accelerator.gather(torch.tensor([nfe, loss_chunks]).unsqueeze(0)).tolist()
+    forward_counts = trainer.accelerator.gather(torch.tensor([forwards[0]])).tolist()
+    rollout_seconds = trainer.accelerator.gather(torch.tensor([getattr(trainer.sampler, "seconds", 0.0)]))
     rss = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0])
     peak_rss = trainer.accelerator.gather(rss).max().item()
     state = trainer.accelerator.get_state_dict(trainer.model_wrapped)  # full weights, gathered from the shards
@@ -250,6 +262,8 @@ def main(output_dir: str, options: dict):
                 "step_time": [entry.get("step_time") for entry in logs],
                 "collectives_per_step": COMMUNICATION.get("per_step", []),
                 "peak_rss_mib": peak_rss,
+                "forwards": forward_counts,
+                "rollout_seconds": rollout_seconds.tolist(),
                 "nfe": [row[0] for row in per_process],
                 "loss_chunks": [row[1] for row in per_process],
             },
