@@ -325,11 +325,16 @@ def _one_string(completions, **kwargs):
     return "1.0"
 
 
+async def _async_bare_float(completions, **kwargs):
+    return 1.0
+
+
 @pytest.mark.parametrize("reward, message", [
     (_two_d, "'_two_d' returned a 2-D Tensor of shape \\(3, 2\\)"),
     (_strings, "'_strings' returned str '1.0' for completion 0"),
     (_bare_float, "'_bare_float' returned float 1.0 instead of one reward per completion"),
     (_one_string, "'_one_string' returned str '1.0' instead of one reward per completion"),  # not 3 rewards
+    (_async_bare_float, "'_async_bare_float' returned float 1.0 instead of one reward per completion"),
 ])
 def test_a_reward_function_returning_no_list_of_numbers_is_refused_at_the_first_batch(tmp_path, reward, message):
     trainer = make_trainer(tmp_path, reward=reward, max_steps=1, save_strategy="no", num_generations=3,

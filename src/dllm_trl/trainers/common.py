@@ -273,7 +273,7 @@ class SafeRunMixin:
 
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
         run_dir = self.args.output_dir
-        holds_lock = self.args.should_save
+        holds_lock = self.is_world_process_zero()
         self._on_main_then_everywhere(lambda: acquire_output_dir(run_dir) if holds_lock else None)
         try:
             if self.args.should_save:

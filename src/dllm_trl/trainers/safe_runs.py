@@ -122,7 +122,10 @@ def explain_failed_save(error: BaseException, run_dir: str, name: str, previous:
     """The one-line cause and fix of a save of checkpoint ``name`` into ``run_dir`` that raised ``error``, when it is
     a lack of space (or a file-size limit); ``None`` for any other failure. torch's writer reports a full disk as
     ``RuntimeError: ... unexpected pos``, without the errno: then the free space left decides."""
-    free = shutil.disk_usage(run_dir).free
+    try:
+        free = shutil.disk_usage(run_dir).free
+    except OSError:
+        return None
     needed = _folder_bytes(previous) if previous else 0
     codes = _errnos(error)
     kept = (f"The previous checkpoint {previous} is intact: resume from it (--resume_from_checkpoint true)."
