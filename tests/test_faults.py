@@ -53,44 +53,41 @@ def with_callback(trainer, step, action):
 
 # ---------------------------------------------------------------------------------------------- shared output_dir
 HOLDER = """
-import sys, time
-from dllm_trl.trainers.safe_runs import acquire_output_dir
-acquire_output_dir(sys.argv[1])
+import importlib.util, sys, time
+spec = importlib.util.spec_from_file_location("safe_runs", sys.argv[2])  # the standard library only: starts fast
+safe_runs = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(safe_runs)
+safe_runs.acquire_output_dir(sys.argv[1])
 print("held", flush=True)
 time.sleep(600)
 """
 
 
 def test_a_second_run_on_the_same_output_dir_is_refused_naming_the_first(tmp_path):
-    """Two real processes: the one holding output_dir, and this one's trainer; the lock goes with its holder."""
+    """Two real processes: one holding output_dir, then this one's trainer and the main job, refused; the lock goes
+    with its holder."""
+    import dllm_trl.trainers.safe_runs as safe_runs
+
     out = tmp_path / "out"
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(out)], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(out), safe_runs.__file__], stdout=subprocess.PIPE,
+                              text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
         trainer = make_trainer(tmp_path, max_steps=1, save_strategy="no")
-        with pytest.raises(OutputDirInUseError, match=f"in use by another run \\(pid {holder.pid} .*another --output_dir"):
+        busy = f"in use by another run \\(pid {holder.pid} .*another --output_dir"
+        with pytest.raises(OutputDirInUseError, match=busy):
             trainer.train()
         assert not (out / "log_history.jsonl").exists() and not list(out.glob("checkpoint-*"))
+        job = subprocess.run([sys.executable, "-m", "dllm_trl", "--output_dir", str(out), "--max_steps", "1"],
+                             capture_output=True, text=True, timeout=300)
+        assert job.returncode != 0, job.stdout + job.stderr
+        last = job.stderr.strip().splitlines()[-1]
+        assert last.startswith(f"error: output_dir {out} is in use by another run (pid {holder.pid}"), job.stderr
+        assert "Traceback" not in job.stderr
     finally:
         holder.kill()
         holder.wait()
     make_trainer(tmp_path, max_steps=1, save_strategy="no").train()  # a killed holder frees it
-
-
-def test_the_main_job_refuses_a_busy_output_dir_in_one_line(tmp_path):
-    out = tmp_path / "out"
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(out)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "held"
-        job = subprocess.run([sys.executable, "-m", "dllm_trl", "--output_dir", str(out), "--max_steps", "1"],
-                             capture_output=True, text=True, timeout=300)
-    finally:
-        holder.kill()
-        holder.wait()
-    assert job.returncode != 0, job.stdout + job.stderr
-    last = job.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"error: output_dir {out} is in use by another run (pid {holder.pid}"), job.stderr
-    assert "Traceback" not in job.stderr
 
 
 def test_a_stale_staging_folder_is_removed_at_the_next_start(tmp_path):
@@ -183,7 +180,8 @@ def _copy(source, tmp_path):
 def test_resume_with_a_changed_setting_is_refused_naming_it(two_checkpoints, tmp_path):
     out = _copy(two_checkpoints, tmp_path)
     trainer = make_trainer(tmp_path, learning_rate=3e-3, beta=0.02)
-    with pytest.raises(ResumeMismatchError, match="beta 0.01 → 0.02; learning_rate 0.001 → 0.003.*--model_name_or_path"):
+    changed = "beta 0.01 → 0.02; learning_rate 0.001 → 0.003.*--model_name_or_path"
+    with pytest.raises(ResumeMismatchError, match=changed):
         trainer.train(resume_from_checkpoint="true")
     longer = make_trainer(tmp_path, max_steps=5, save_steps=5)  # training longer is what a resume is for
     steps = StepCounter()

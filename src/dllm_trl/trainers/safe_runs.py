@@ -1,7 +1,7 @@
 """The pieces of :class:`~dllm_trl.trainers.common.SafeRunMixin` that guard a run against faults and bad input: one run
 per ``output_dir`` (a lock), a clear error when a save runs out of disk, the settings a checkpoint was trained with
 (refused when a resume changes them), checkpoints of an abandoned run set aside, a stop on SIGTERM that saves first,
-and reward functions' returns checked."""
+and reward functions' returns checked. Only the standard library at import (a lock holder needs no more)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,6 @@ import os
 import shutil
 import socket
 import time
-
-import torch
 
 LOCK_NAME = "_dllm_trl.lock"
 """File in ``output_dir`` that the run writing there holds an exclusive ``flock`` on."""
@@ -251,6 +249,8 @@ def checked_rewards(name: str, output, count: int) -> list:
         raise ValueError(f"The reward function {name!r} returned a {type(output).__name__}. {fix}")
     if len(output) != count:
         raise ValueError(f"The reward function {name!r} returned {len(output)} rewards for {count} completions. {fix}")
+    import torch
+
     rewards = []
     for n, reward in enumerate(output):
         if isinstance(reward, torch.Tensor) and reward.numel() == 1:
