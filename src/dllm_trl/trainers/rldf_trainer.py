@@ -120,7 +120,9 @@ class RLDFTrainer(SafeRunMixin, GRPOTrainer):
         prompts = [torch.tensor(ids) for ids in prompt_ids]
         prompt_tensor = pad(prompts, padding_value=self._tokenizer.pad_token_id, padding_side="left").to(device)
         prompt_mask = pad([torch.ones_like(p) for p in prompts], padding_value=0, padding_side="left").to(device)
-        check_prompt_positions(self.model, prompt_tensor.shape[1], self.args.max_completion_length)
+        # The longest prompt of every process, so that all of them refuse the batch together.
+        width = self.accelerator.gather(torch.tensor([prompt_tensor.shape[1]], device=device)).max().item()
+        check_prompt_positions(self.model, width, self.args.max_completion_length)
         start = time.perf_counter()
         with (
             unwrap_model_for_generation(
