@@ -13,6 +13,7 @@ import os
 import shutil
 import socket
 import time
+import warnings
 
 LOCK_NAME = "_dllm_trl.lock"
 """File in ``output_dir`` that the run writing there holds an exclusive ``flock`` on."""
@@ -63,6 +64,12 @@ def acquire_output_dir(output_dir: str) -> str:
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as error:
+        if error.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):  # a filesystem without flock
+            handle.close()
+            warnings.warn(f"output_dir {output_dir}: its filesystem cannot lock files ({error.strerror}), so nothing "
+                          "stops a second run from writing there too; make sure only this run does.", stacklevel=2)
+            _held_locks[path] = [open(os.devnull), 1]
+            return path
         if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
             handle.close()
             raise
@@ -155,7 +162,8 @@ RESUMABLE_CHANGES = frozenset({
     # how long to train: extending a run is a resume
     "max_steps", "num_train_epochs",
     # resources, not the training math
-    "dataloader_num_workers", "dataloader_prefetch_factor", "dataloader_pin_memory", "dataloader_persistent_workers",
+    "gradient_checkpointing", "gradient_checkpointing_kwargs", "torch_empty_cache_steps", "ds3_gather_for_generation",
+    "include_tokens_per_second", "eval_do_concat_batches", "dataloader_num_workers", "dataloader_prefetch_factor", "dataloader_pin_memory", "dataloader_persistent_workers",
     "ddp_timeout", "local_rank", "torch_compile", "torch_compile_backend", "torch_compile_mode",
 })
 """Settings a resume may change: everything else a checkpoint recorded must be the same (see :func:`check_resume`)."""
