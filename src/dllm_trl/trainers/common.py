@@ -329,7 +329,7 @@ class SafeRunMixin:
         """A ``.partial`` folder at the start of a run was left by a save that was killed (this run holds the lock)."""
         staging = os.path.join(run_dir, STAGING_DIR)
         if os.path.isdir(staging):
-            shutil.rmtree(staging)
+            shutil.rmtree(staging, ignore_errors=True)  # another node's process may remove it too (shared disk)
             warnings.warn(f"Removed {staging}: the half-written checkpoint of a save that was killed.", stacklevel=3)
 
     @staticmethod
