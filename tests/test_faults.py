@@ -207,7 +207,7 @@ def test_resume_true_after_resuming_from_an_earlier_checkpoint_continues_that_ru
     """checkpoints 2 and 4; resume from 2 and save 3: `true` must then pick 3, not the abandoned run's 4 (which is
     moved aside, not deleted)."""
     out = _copy(two_checkpoints, tmp_path)
-    with pytest.warns(UserWarning, match="checkpoint-4 .* set aside"):
+    with pytest.warns(UserWarning, match="set aside checkpoint-4 \\(later checkpoints of the run abandoned there\\)"):
         make_trainer(tmp_path, max_steps=3, save_steps=1).train(resume_from_checkpoint=str(out / "checkpoint-2"))
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-3"]
     (aside,) = out.glob(f"{ABANDONED_PREFIX}checkpoint-2-*")

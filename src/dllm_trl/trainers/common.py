@@ -337,8 +337,8 @@ class SafeRunMixin:
         moved = set_aside_later_checkpoints(run_dir, resumed, checkpoints(run_dir))
         if moved is not None:
             folder, names = moved
-            warnings.warn(f"Resuming from {resumed}: the later {', '.join(names)} of the run abandoned there are set "
-                          f"aside in {folder} (kept, never resumed from by --resume_from_checkpoint true).",
+            warnings.warn(f"Resuming from {resumed}: set aside {', '.join(names)} (later checkpoints of the run "
+                          f"abandoned there) in {folder}: kept, never picked by --resume_from_checkpoint true.",
                           stacklevel=3)
 
     resumed_from = None
