@@ -1,7 +1,8 @@
 """Every code block of README.md and docs/*.md runs as written, on a CPU and offline.
 
 * Python blocks run in order, one interpreter per file, in a scratch folder with ``HF_HUB_OFFLINE=1``. The hub
-  model names are replaced by the embedded toy models' folders, as the README tells a user without a GPU to do.
+  model names are replaced by the embedded toy models' folders, as the README tells a user without a GPU to do (the
+  toy's config raised to 1024 positions, as the README says, since the trainers refuse prompts past them).
 * Shell commands: setting up the environment (``python3 -m venv``, activating it, ``pip install``) and the test
   suite itself are what ``.ci/run`` does on every run; every other command is checked by its own argument parser
   with ``tests/docs_dry_run.py`` (flags and values, without training for minutes or rewriting committed results).
@@ -40,12 +41,25 @@ def code_blocks(path: Path) -> list[tuple[str, str]]:
     return re.findall(r"^```(\w+)\n(.*?)^```", path.read_text(), flags=re.M | re.S)
 
 
-def with_toy_model(text: str) -> str:
+def with_toy_model(text: str, toy: Path | None = None) -> str:
     for name in HUB_MODELS:
-        text = text.replace(name, str(toy_assets_dir()))
+        text = text.replace(name, str(toy or toy_assets_dir()))
     for name in BLOCK_HUB_MODELS:
         text = text.replace(name, str(toy_block_assets_dir()))
     return text
+
+
+def toy_with_positions(folder: Path, positions: int = 1024) -> Path:
+    """A copy of the toy whose config allows ``positions`` positions: the README's GSM8K prompts and 256-token
+    completions run past the toy's 64, which the trainers refuse (RoPE computes there; the toy learns nothing)."""
+    import json
+    import shutil
+
+    shutil.copytree(toy_assets_dir(), folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["max_position_embeddings"] = positions
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    return folder
 
 
 def shell_commands(text: str) -> list[str]:
@@ -83,7 +97,8 @@ def offline_env() -> dict:
 def test_python_blocks_run(path, tmp_path):
     blocks = [source for lang, source in code_blocks(path) if lang == "python"]
     script = tmp_path / f"{path.stem}_blocks.py"
-    script.write_text("\n\n".join(with_toy_model(block) for block in blocks))
+    toy = toy_with_positions(tmp_path / "toy")
+    script.write_text("\n\n".join(with_toy_model(block, toy) for block in blocks))
     done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=offline_env(), capture_output=True,
                           text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]

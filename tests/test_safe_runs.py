@@ -150,7 +150,7 @@ def test_unscorable_rewards_are_counted_warned_once_or_refused(tmp_path):
         trainer.train()
     assert [m for m in trainer.state.log_history if "rewards/_half_none/unscorable_frac" in m][0][
         "rewards/_half_none/unscorable_frac"] == pytest.approx(0.5)
-    assert sum("returned None or NaN" in str(w.message) for w in caught) == 1
+    assert sum("returned None, NaN or ±inf" in str(w.message) for w in caught) == 1
     strict = make_trainer(tmp_path, reward=_half_none, max_steps=1, save_strategy="no",
                           raise_on_unscorable_rewards=True)
     with pytest.raises(ValueError, match="_half_none.*raise_on_unscorable_rewards"):

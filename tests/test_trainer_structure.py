@@ -24,8 +24,11 @@ from .conftest import addition_dataset, length_reward, make_char_tokenizer, tiny
 from .test_dppo_mask_trainer import digit_reward, snapshot, tiny_causal, tiny_diffusion
 
 OWN_HELPERS = {"make_loss", "_old_logps_needed", "_zero_variance_rows", "_clean_targets_from_loss",
-               "_loss_normalizer", "_finish_pending_normalization", "_generator_files", "_generate_with_engine",
-               "_log_engine_mismatch"}
+               "_loss_normalizer", "_finish_pending_normalization", "_generator_files", "_forwards_matched",
+               "_generate_with_engine", "_log_engine_mismatch",
+               # SafeRunMixin's (issue 30)
+               "_on_main_then_everywhere", "_checkpoint_to_resume", "_stop_on_sigterm", "_sigterm_agreed",
+               "_interrupted"}
 """Methods of the package's trainers that TRL does not have (everything else they define overrides a TRL hook)."""
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -157,12 +158,26 @@ def main(argv=None) -> dict:
     from .prechecks import check_run_setup
 
     check_run_setup(config)  # before anything loads: one line, not a traceback minutes in
+    from .trainers.safe_runs import OutputDirInUseError, acquire_output_dir, release_output_dir
+
+    try:  # the whole job, not only training, is the one run writing to output_dir
+        acquire_output_dir(config.output_dir)
+    except OutputDirInUseError as error:
+        raise SystemExit(f"error: {error}") from None
+    try:
+        return _run(args, config, start)
+    finally:
+        release_output_dir(config.output_dir)
+
+
+def _run(args, config, start) -> dict:
     import torch
 
     from .callbacks import RewardProgressBar
     from .toy import evaluate_accuracy, load_sudoku_noisy_teacher, sudoku_cell_reward, sudoku_dataset
     from .toy import sudoku_generation_config, sudoku_reward
     from .trainers import RLDFTrainer
+    from .trainers.safe_runs import TrainingInterrupted
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -193,15 +208,21 @@ def main(argv=None) -> dict:
     )
     progress.install(trainer)
     train_start = time.perf_counter()
-    trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
+    interrupted = None
+    try:
+        trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
+    except TrainingInterrupted as stop:  # saved; the summary says so, then the job exits as SIGTERM asked
+        interrupted = stop
     train_seconds = time.perf_counter() - train_start
-    after = None if args.skip_eval else solve_rate(trainer.model)
+    after = None if args.skip_eval or interrupted else solve_rate(trainer.model)
 
     rewards = [entry["reward"] for entry in trainer.state.log_history if "reward" in entry]
     plot_path = os.path.join(config.output_dir, "reward_curve.png")
     _plot(rewards, progress.accuracies, before, after, plot_path)
     total_seconds = time.perf_counter() - start
     summary = {
+        "status": "interrupted" if interrupted else "finished",
+        "resumed_from": trainer.resumed_from,
         "accuracy_before": before,
         "accuracy_after": after,
         "eval_size": None if args.skip_eval else args.eval_size,
@@ -214,6 +235,10 @@ def main(argv=None) -> dict:
     }
     with open(os.path.join(config.output_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
+    if interrupted:
+        print(f"{interrupted} summary.json (status: interrupted) and log_history.jsonl are in {config.output_dir}.",
+              file=sys.stderr, flush=True)
+        raise SystemExit(interrupted.code)
     if args.save_model:
         trainer.save_model(os.path.join(config.output_dir, "model"))
     first = sum(rewards[:10]) / max(len(rewards[:10]), 1)

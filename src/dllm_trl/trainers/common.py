@@ -8,9 +8,13 @@ import contextlib
 import copy
 import os
 import shutil
+import signal
+import sys
+import threading
 import warnings
 
 import torch
+from transformers import TrainerCallback
 from transformers.trainer_utils import rotate_checkpoints
 from trl.trainer.utils import disable_dropout_in_model
 
@@ -20,11 +24,14 @@ from ..models.engines import (
     broadcast_from_main,
     check_launch,
     is_partitioned,
+    model_config,
     prepare_frozen_model,
     unwrap_model,
     uses_peft,
+    vocab_size,
 )
 from ..models.integrity import (
+    MANIFEST_NAME,
     MODEL_FILES,
     CheckpointError,
     check_readable,
@@ -33,6 +40,18 @@ from ..models.integrity import (
     write_manifest,
 )
 from ..models.loading import load_diffusion_model
+from .safe_runs import (
+    OutputDirInUseError,
+    TrainingInterrupted,
+    acquire_output_dir,
+    check_resume,
+    checking_reward_function,
+    explain_failed_save,
+    model_name_of,
+    release_output_dir,
+    set_aside_later_checkpoints,
+    write_run_record,
+)
 
 
 def reference_copy(model, load=None):
@@ -84,6 +103,7 @@ def check_training_inputs(model, train_dataset, tokenizer) -> None:
                     "completion of nothing teaches nothing and breaks the rollout. Remove them, e.g. "
                     "dataset.filter(lambda row: row['prompt'].strip()) for text prompts."
                 )
+    check_tokenizer_fits_model(model, tokenizer)
     tokenizer_mask = getattr(tokenizer, "mask_token_id", None)
     model_mask = getattr(getattr(model, "config", None), "mask_token_id", None)
     if tokenizer_mask is not None and model_mask is not None and tokenizer_mask != model_mask:
@@ -91,6 +111,38 @@ def check_training_inputs(model, train_dataset, tokenizer) -> None:
             f"The tokenizer's mask token (id {tokenizer_mask}) is not the model's (config.mask_token_id={model_mask}): "
             "the model would be trained on a token it was never pre-trained to fill. Pass the checkpoint's tokenizer, or "
             "load the model with load_diffusion_model(..., mask_token_id=...)."
+        )
+
+
+def check_tokenizer_fits_model(model, tokenizer) -> None:
+    """Refuse a tokenizer whose ids run past the model's vocabulary (an ``IndexError`` deep in the embedding later)."""
+    text_tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a processor's tokenizer
+    if text_tokenizer is None or not hasattr(text_tokenizer, "__len__") or model is None:
+        return
+    try:
+        rows = vocab_size(model)
+    except (TypeError, AttributeError):  # no transformers config: nothing to compare with
+        return
+    if len(text_tokenizer) > rows:
+        raise ValueError(
+            f"The tokenizer has {len(text_tokenizer)} tokens (ids up to {len(text_tokenizer) - 1}) but the model's "
+            f"vocabulary has {rows} (config vocab_size={rows}): ids past it would index outside the embedding. Pass "
+            "the checkpoint's own tokenizer, or grow the model to the tokenizer with "
+            "model.resize_token_embeddings(len(tokenizer))."
+        )
+
+
+def check_prompt_positions(model, prompt_length: int, completion_length: int) -> None:
+    """Refuse a batch whose longest prompt plus the completion runs past the model's ``max_position_embeddings``
+    (or ``max_sequence_length``): positions the model never saw, trained on without a word otherwise."""
+    config = model_config(model).get_text_config()
+    limit = getattr(config, "max_position_embeddings", None) or getattr(config, "max_sequence_length", None)
+    if limit is not None and prompt_length + completion_length > limit:
+        raise ValueError(
+            f"A {prompt_length}-token prompt + max_completion_length={completion_length} = "
+            f"{prompt_length + completion_length} positions exceed the model's max_position_embeddings={limit}: the "
+            "model never saw those positions. Drop or shorten the long prompts (e.g. dataset.filter on the tokenized "
+            "length), or lower max_completion_length."
         )
 
 
@@ -202,27 +254,139 @@ def log_metric_extremes(trainer, mode: str, extremes: dict) -> None:
 class SafeRunMixin:
     """Mixed in before ``GRPOTrainer`` by every trainer of the package: nothing lost, nothing wrongly credited.
 
+    * one run per ``output_dir``: ``train()`` holds an exclusive lock there (:func:`acquire_output_dir`) and refuses
+      to start while another live process holds it; a ``.partial`` staging folder left by a killed save is removed;
     * checkpoints are written to a ``.partial`` staging folder, checksummed (``args.verify_checkpoints``) and renamed
-      into place, so a process killed during a save never leaves a ``checkpoint-N`` that resume would pick up;
+      into place, so a process killed during a save never leaves a ``checkpoint-N`` that resume would pick up; a save
+      that runs out of disk removes its staging folder and says so; a Hub push of a checkpoint uploads the renamed
+      folder;
     * ``train(resume_from_checkpoint=...)`` takes a path or ``True`` (the newest checkpoint of ``output_dir``) and
-      verifies the checkpoint before loading anything, naming the bad file and the previous checkpoint;
-    * rewards a function could not give (``None`` or NaN) are counted per function
+      verifies the checkpoint before loading anything, naming the bad file and the previous checkpoint; a resume with
+      another model or changed settings is refused (:func:`check_resume`), and resuming from an earlier checkpoint
+      sets the later ones aside (:func:`set_aside_later_checkpoints`);
+    * SIGTERM: the step under way finishes, a checkpoint is saved, and ``train()`` raises
+      :class:`TrainingInterrupted` (a ``SystemExit`` with code 143) saying so;
+    * each reward function's return is checked (a list or 1-D array of one number or ``None`` per completion);
+      rewards a function could not give (``None``, NaN or ±inf) are counted per function
       (``rewards/<name>/unscorable_frac``), warned about once, or refused (``args.raise_on_unscorable_rewards``).
     """
 
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
+        run_dir = self.args.output_dir
+        holds_lock = self.is_world_process_zero()
+        self._on_main_then_everywhere(lambda: acquire_output_dir(run_dir) if holds_lock else None)
+        try:
+            if self.args.should_save:
+                self._remove_stale_staging(run_dir)
+            resume_from_checkpoint = self.resumed_from = self._checkpoint_to_resume(resume_from_checkpoint)
+            if resume_from_checkpoint is not None:
+                verify_checkpoint(resume_from_checkpoint, self.args.verify_checkpoints,
+                                  needs_optimizer=not self.args.save_only_model)
+                check_resume(resume_from_checkpoint, self.args, _model_name(self.model))
+                if self.args.should_save:
+                    self._set_aside_later_checkpoints(run_dir, resume_from_checkpoint)
+            self.accelerator.wait_for_everyone()
+            with self._stop_on_sigterm():
+                result = super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial,
+                                       ignore_keys_for_eval=ignore_keys_for_eval, **kwargs)
+            if self._sigterm_stop_step is not None and self.state.global_step < self.state.max_steps:
+                raise self._interrupted(run_dir)
+            return result
+        finally:
+            if holds_lock:
+                release_output_dir(run_dir)
+
+    def _on_main_then_everywhere(self, action) -> None:
+        """Run ``action`` (which may raise) where it is due, and raise its error on every process, not only there."""
+        error = None
+        try:
+            action()
+        except (OutputDirInUseError, OSError) as caught:
+            error = caught
+        if self.accelerator.num_processes > 1:
+            from accelerate.utils import broadcast_object_list
+
+            message = [None if error is None else str(error)]
+            broadcast_object_list(message, from_process=0)
+            if error is None and message[0] is not None:
+                error = OutputDirInUseError(message[0])
+        if error is not None:
+            raise error
+
+    def _checkpoint_to_resume(self, resume_from_checkpoint):
         if resume_from_checkpoint is True or str(resume_from_checkpoint).lower() == "true":
             found = checkpoints(self.args.output_dir)
             if not found:
                 raise ValueError(f"resume_from_checkpoint=True: {self.args.output_dir} holds no checkpoint-N folder to "
                                  "resume from; train without it, or pass a checkpoint path.")
-            resume_from_checkpoint = found[-1]
-        elif str(resume_from_checkpoint).lower() in ("false", "none", ""):
-            resume_from_checkpoint = None
-        if resume_from_checkpoint is not None:
-            verify_checkpoint(resume_from_checkpoint, self.args.verify_checkpoints)
-        return super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial,
-                             ignore_keys_for_eval=ignore_keys_for_eval, **kwargs)
+            return found[-1]
+        if str(resume_from_checkpoint).lower() in ("false", "none", ""):
+            return None
+        return resume_from_checkpoint
+
+    @staticmethod
+    def _remove_stale_staging(run_dir: str) -> None:
+        """A ``.partial`` folder at the start of a run was left by a save that was killed (this run holds the lock)."""
+        staging = os.path.join(run_dir, STAGING_DIR)
+        if os.path.isdir(staging):
+            shutil.rmtree(staging, ignore_errors=True)  # another node's process may remove it too (shared disk)
+            warnings.warn(f"Removed {staging}: the half-written checkpoint of a save that was killed.", stacklevel=3)
+
+    @staticmethod
+    def _set_aside_later_checkpoints(run_dir: str, resumed: str) -> None:
+        moved = set_aside_later_checkpoints(run_dir, resumed, checkpoints(run_dir))
+        if moved is not None:
+            folder, names = moved
+            warnings.warn(f"Resuming from {resumed}: set aside {', '.join(names)} (later checkpoints of the run "
+                          f"abandoned there) in {folder}: kept, never picked by --resume_from_checkpoint true.",
+                          stacklevel=3)
+
+    resumed_from = None
+    """The checkpoint the last ``train()`` resumed from (``True`` resolved to its path), or ``None``."""
+
+    # -------------------------------------------------------------------------------------------------- SIGTERM
+    _sigterm_received = False
+    _sigterm_stop_step = None
+
+    @contextlib.contextmanager
+    def _stop_on_sigterm(self):
+        """While training: a SIGTERM lets the step under way finish, then saves and stops (every process agrees)."""
+        self._sigterm_received, self._sigterm_stop_step = False, None
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def note(signum, frame):
+            self._sigterm_received = True
+
+        previous = signal.signal(signal.SIGTERM, note)
+        callback = _StopOnSigterm(self)
+        self.add_callback(callback)
+        try:
+            yield
+        finally:
+            self.remove_callback(callback)
+            signal.signal(signal.SIGTERM, previous)
+
+    def _sigterm_agreed(self) -> bool:
+        received = torch.tensor(float(self._sigterm_received), device=self.accelerator.device)
+        if self.accelerator.num_processes > 1:
+            received = self.accelerator.reduce(received, reduction="sum")
+        return bool(received.item() > 0)
+
+    def _interrupted(self, run_dir: str) -> TrainingInterrupted:
+        step = self.state.global_step
+        checkpoint = os.path.join(run_dir, f"checkpoint-{step}")
+        saved = os.path.isdir(checkpoint)
+        message = (f"SIGTERM: saved {checkpoint} and stopped at step {step} of {self.state.max_steps}. Resume with "
+                   "--resume_from_checkpoint true (train(resume_from_checkpoint=True))." if saved else
+                   f"SIGTERM: stopped at step {step} of {self.state.max_steps}; the checkpoint could not be saved.")
+        if self.accelerator.is_main_process:
+            print(message, file=sys.stderr, flush=True)
+        return TrainingInterrupted(message, step, checkpoint if saved else None)
+
+    # ---------------------------------------------------------------------------------------------- checkpoints
+    _staging_save = False
 
     def _save_checkpoint(self, model, trial):
         run_dir = self._get_output_dir(trial=trial)
@@ -232,15 +396,29 @@ class SafeRunMixin:
         if self.args.should_save and os.path.isdir(staged):  # left by a save that was killed
             shutil.rmtree(staged)
         self.accelerator.wait_for_everyone()
+        previous = checkpoints(run_dir)
         self._get_output_dir = lambda trial=None: staging_run  # everything of this save goes to the staging folder
+        self._staging_save, self._pending_pushes = True, []
         try:
             super()._save_checkpoint(model, trial)
+            if self.args.should_save:
+                write_run_record(staged, self.args, _model_name(self.model))
+                if self.args.verify_checkpoints:
+                    write_manifest(staged)
+        except Exception as error:
+            explanation = explain_failed_save(error, run_dir, name, previous[-1] if previous else None)
+            if self.args.should_save:
+                shutil.rmtree(staged, ignore_errors=True)
+                with contextlib.suppress(OSError):
+                    os.rmdir(staging_run)
+            if explanation is not None:
+                raise OSError(explanation) from error
+            raise
         finally:
             del self._get_output_dir
+            self._staging_save = False
         self.accelerator.wait_for_everyone()
         if self.args.should_save:
-            if self.args.verify_checkpoints:
-                write_manifest(staged)
             if os.path.isdir(final):
                 shutil.rmtree(final)
             os.replace(staged, final)
@@ -249,17 +427,36 @@ class SafeRunMixin:
             best = self.state.best_model_checkpoint
             if best is not None and os.path.dirname(best) == staging_run:
                 self.state.best_model_checkpoint = os.path.join(run_dir, os.path.basename(best))
+        for pushed in self._pending_pushes:  # pushed from its final place, once renamed there
+            super()._push_from_checkpoint(os.path.join(run_dir, os.path.relpath(pushed, staging_run)))
+        if self.args.should_save:
             rotate_checkpoints(output_dir=run_dir, save_total_limit=self.args.save_total_limit,
                                best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
         self.accelerator.wait_for_everyone()
+
+    def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
+        """The Trainer pushes a checkpoint from where it was written, the staging folder, which is renamed away at
+        once: during a save, the push is made from the final folder after the rename (:meth:`_save_checkpoint`)."""
+        if self._staging_save:
+            self._pending_pushes.append(checkpoint_folder)
+        else:
+            super()._push_from_checkpoint(checkpoint_folder)
 
     def save_model(self, output_dir=None, _internal_call=False):
         super().save_model(output_dir, _internal_call=_internal_call)
         if not _internal_call and self.args.should_save and self.args.verify_checkpoints:
             write_manifest(output_dir or self.args.output_dir, only=MODEL_FILES)
 
+    # ---------------------------------------------------------------------------------------------------- rewards
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        functions = self.reward_funcs
+        self.reward_funcs = [f if isinstance(f, torch.nn.Module) else checking_reward_function(f, name)
+                             for f, name in zip(functions, self.reward_func_names)]
+        try:
+            rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        finally:
+            self.reward_funcs = functions
+        rewards = rewards.masked_fill(torch.isinf(rewards), float("nan"))  # a reward model's ±inf logit, too
         self._gathered_rewards = rewards  # (every process's completions, reward functions)
         mode = "train" if self.model.training else "eval"
         unscorable = torch.isnan(rewards).float().mean(0).tolist()
@@ -267,8 +464,8 @@ class SafeRunMixin:
             self._metrics[mode][f"rewards/{name}/unscorable_frac"].append(fraction)
             if fraction == 0:
                 continue
-            message = (f"The reward function {name!r} returned None or NaN for {fraction:.0%} of the completions: "
-                       "they get no advantage from it (TRL's rule).")
+            message = (f"The reward function {name!r} returned None, NaN or ±inf for {fraction:.0%} of the "
+                       "completions: they get no advantage from it (TRL's rule).")
             if self.args.raise_on_unscorable_rewards:
                 raise ValueError(f"{message} raise_on_unscorable_rewards=True makes this an error; make the function "
                                  "return a number for every completion, or set it to False.")
@@ -277,12 +474,35 @@ class SafeRunMixin:
         return rewards
 
 
+class _StopOnSigterm(TrainerCallback):
+    """At the end of each step: after a SIGTERM, save a checkpoint and stop (:meth:`SafeRunMixin._stop_on_sigterm`)."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.trainer._sigterm_agreed():
+            self.trainer._sigterm_stop_step = state.global_step
+            control.should_save = True
+            control.should_training_stop = True
+
+
+def _model_name(model) -> str | None:
+    try:
+        return model_name_of(unwrap_model(model))
+    except Exception:  # a model without a config has no name to compare
+        return None
+
+
 STAGING_DIR = ".partial"
 """Subfolder of ``output_dir`` where a checkpoint is written before it is renamed into place."""
 
 
-def verify_checkpoint(path: str, with_manifest: bool = True) -> None:
-    """Refuse a checkpoint folder that cannot be resumed from, naming the file and the previous good checkpoint."""
+def verify_checkpoint(path: str, with_manifest: bool = True, needs_optimizer: bool = True) -> None:
+    """Refuse a checkpoint folder that cannot be resumed from, naming the file and the previous good checkpoint: a
+    file the manifest lists that is missing or changed, unreadable JSON or safetensors, or a missing manifest (with
+    ``with_manifest``), trainer state or optimizer state (with ``needs_optimizer``: resuming would silently start a
+    fresh optimizer)."""
     run_dir = os.path.dirname(os.path.abspath(path))
     earlier = [c for c in checkpoints(run_dir) if _step(c) < _step(path)]
 
@@ -298,13 +518,26 @@ def verify_checkpoint(path: str, with_manifest: bool = True) -> None:
 
     if not os.path.isdir(path):
         raise CheckpointError(f"{path}: no such checkpoint folder.")
-    if not os.listdir(path):
+    names = os.listdir(path)
+    if not names:
         raise CheckpointError(f"{path}: empty (a save was interrupted).{advice()}")
     try:
         if not (with_manifest and verify_manifest(path)):
             check_readable(path)
     except CheckpointError as error:
         raise CheckpointError(f"{error}{advice()}") from None
+    missing = [MANIFEST_NAME] if with_manifest and MANIFEST_NAME not in names else []
+    # optimizer.pt (DDP), optimizer.bin / optimizer_0 (FSDP), global_stepN/ (DeepSpeed)
+    if needs_optimizer and not any(name.startswith(("optimizer", "global_step")) for name in names):
+        missing.append("optimizer.pt")
+    if "trainer_state.json" not in names:
+        missing.append("trainer_state.json")
+    if missing:
+        raise CheckpointError(
+            f"{path}: missing {', '.join(missing)}: resuming from it would start a fresh optimizer or schedule, or "
+            f"load unverified files, without a word.{advice()} Or start a new run from its weights "
+            f"(--model_name_or_path {path}) in another --output_dir."
+        )
 
 
 def _step(path: str) -> int:

@@ -86,10 +86,11 @@ class SafeRunArguments:
         verify_checkpoints (`bool`, *optional*, defaults to `True`):
             Write a checksum manifest (size and SHA-256 of every file) with each checkpoint and with `save_model`, and
             verify it on `train(resume_from_checkpoint=...)` (and in `load_diffusion_model`), so that a truncated or
-            corrupted file stops the run with an error naming it. `False` skips writing and checking the manifest.
+            corrupted file stops the run with an error naming it; a checkpoint without its manifest is refused.
+            `False` skips writing and checking the manifest.
         raise_on_unscorable_rewards (`bool`, *optional*, defaults to `False`):
-            A reward function that returns `None` or NaN for a completion gives it no advantage (TRL's rule); the
-            fraction is logged as `rewards/<name>/unscorable_frac` and warned about once. `True` stops the run
+            A reward function that returns `None`, NaN or ±inf for a completion gives it no advantage from that
+            function (TRL's rule for `None`); the fraction is logged as `rewards/<name>/unscorable_frac` and warned about once. `True` stops the run
             instead.
     """
 
@@ -97,7 +98,7 @@ class SafeRunArguments:
         default=True, metadata={"help": "Checksum manifest written with each save and verified on resume / load."}
     )
     raise_on_unscorable_rewards: bool = field(
-        default=False, metadata={"help": "Stop when a reward function returns None or NaN (default: log and warn)."}
+        default=False, metadata={"help": "Stop when a reward function returns None, NaN or ±inf (default: log and warn)."}
     )
 
 
@@ -184,7 +185,7 @@ class RLDFConfig(SafeRunArguments, GRPOConfig):
             Checksum manifest written with each checkpoint and `save_model`, verified on resume (see
             [`SafeRunArguments`]).
         raise_on_unscorable_rewards (`bool`, *optional*, defaults to `False`):
-            Stop when a reward function returns `None` or NaN (default: log the fraction and warn once).
+            Stop when a reward function returns `None`, NaN or ±inf (default: log the fraction and warn once).
     """
 
     block_length: int = field(default=32, metadata={"help": "Block size of block-wise diffusion decoding."})

@@ -42,6 +42,7 @@ from ..models.engines import (
 )
 from ..models.loading import load_diffusion_model
 from .common import (
+    check_prompt_positions,
     check_sampler_length,
     check_training_inputs,
     init_with_reference,
@@ -120,6 +121,9 @@ class RLDFTrainer(SafeRunMixin, GRPOTrainer):
         prompts = [torch.tensor(ids) for ids in prompt_ids]
         prompt_tensor = pad(prompts, padding_value=self._tokenizer.pad_token_id, padding_side="left").to(device)
         prompt_mask = pad([torch.ones_like(p) for p in prompts], padding_value=0, padding_side="left").to(device)
+        # The longest prompt of every process, so that all of them refuse the batch together.
+        width = self.accelerator.gather(torch.tensor([prompt_tensor.shape[1]], device=device)).max().item()
+        check_prompt_positions(self.model, width, self.args.max_completion_length)
         start = time.perf_counter()
         with (
             unwrap_model_for_generation(
