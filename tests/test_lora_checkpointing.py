@@ -60,6 +60,8 @@ def test_every_lora_weight_learns_under_gradient_checkpointing(tmp_path, checkpo
     layers = base.model.layers
     # The setting reached the model (Trainer.train enables it): the decoder layers ran checkpointed.
     assert base.is_gradient_checkpointing and all(layer.gradient_checkpointing for layer in layers)
+    reentrant = (checkpointing_kwargs or {}).get("use_reentrant", False)  # transformers' default: non-reentrant
+    assert all(layer._gradient_checkpointing_func.keywords["use_reentrant"] is reentrant for layer in layers)
     adapters = [name for name in before if "lora_" in name]
     assert len(adapters) == 2 * len(LORA_TARGETS) * len(layers)
     norm_copy = [name for name in before if "modules_to_save" in name]
