@@ -144,3 +144,15 @@ def test_dppo_on_a_diffusion_lm_refuses_loss_type(tmp_path):
     with pytest.raises(ValueError, match="loss_type='grpo'.*loss_normalization"):
         DPPOMaskTrainer(model=model, reward_funcs=length_reward, args=args, train_dataset=addition_dataset(),
                         processing_class=tokenizer)
+
+
+@pytest.mark.parametrize("config_class", [RLDFConfig, DPPOMaskConfig])
+@pytest.mark.parametrize("key, value", [("every_n_layers", 2), ("offload", True)])
+def test_checkpointing_kwargs_lost_at_the_first_rollout_are_refused(tmp_path, config_class, key, value):
+    """TRL turns checkpointing off for each rollout and back on with ``gradient_checkpointing_kwargs`` handed to
+    ``torch.utils.checkpoint`` as they are: transformers' ``every_n_layers``/``offload`` would hold for the first
+    rollout only (then every layer is checkpointed, without offload)."""
+    with pytest.raises(ValueError, match=f"gradient_checkpointing_kwargs.*{key}"):
+        tiny_training_args(config_class, tmp_path, gradient_checkpointing_kwargs={"use_reentrant": False, key: value})
+    for harmless in ({key: {"every_n_layers": 1, "offload": False}[key]}, {"use_reentrant": True}, None):
+        tiny_training_args(config_class, tmp_path, gradient_checkpointing_kwargs=harmless)

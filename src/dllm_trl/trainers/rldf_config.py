@@ -379,6 +379,16 @@ def check_grpo_fields(config, refused: dict[str, str]) -> None:
                 f"{name}={getattr(config, name)!r} is not supported by {type(config).__name__}: {reason}. Leave it at "
                 f"TRL's default ({default!r})."
             )
+    # TRL turns checkpointing off around each rollout and back on with these kwargs passed to torch's checkpoint as
+    # they are: transformers' own keys would hold until the first rollout, then every layer is checkpointed on device.
+    for key, default in (("every_n_layers", 1), ("offload", False)):
+        value = (config.gradient_checkpointing_kwargs or {}).get(key, default)
+        if value != default:
+            raise ValueError(
+                f"gradient_checkpointing_kwargs={{{key!r}: {value!r}}} is not supported: TRL re-enables checkpointing "
+                f"after every rollout without it (every layer checkpointed, nothing offloaded from then on). Remove "
+                f"{key!r} from gradient_checkpointing_kwargs."
+            )
     if config.dataloader_pin_memory and not torch.accelerator.is_available():
         config.dataloader_pin_memory = False  # nothing to pin for; the DataLoader would warn on every run
     # Newer transformers renamed gradient_checkpointing* to activation_checkpointing* and warn whenever the old
