@@ -176,7 +176,9 @@ def main(output_dir: str, options: dict):
     if sure_unsure:  # one prompt per process and step, in dataset order; one block of 20, dynamic unmasking
         batch = int(options["batch"])
         shape = dict(per_device_train_batch_size=batch, num_generations=batch, max_completion_length=20, block_length=20,
-                     shuffle_dataset=False, unmasking="dynamic", unmasking_threshold=0.9, learning_rate=1e-5)
+                     shuffle_dataset=False, learning_rate=1e-5)
+        if not gemma:  # DiffusionGemma's rows stop early by their own confidence (its toy sampler's settings)
+            shape.update(unmasking="dynamic", unmasking_threshold=0.9)
     args = RLDFConfig(
         output_dir=output_dir, max_steps=steps, logging_steps=1, report_to="none", beta=float(options["beta"]), seed=0, use_cpu=options["use_cpu"] == "1",
         bf16=False,  # fp32 everywhere, so that engines can be compared tightly
@@ -189,9 +191,15 @@ def main(output_dir: str, options: dict):
 
         from dllm_trl.toy import sudoku_cell_reward, toy_assets_dir
 
-        path = str(toy_assets_dir("sudoku")) if options["model"] == "memory" else options["model"]
+        toy = "sudoku_diffusion_gemma" if gemma else "sudoku"
+        path = str(toy_assets_dir(toy)) if options["model"] == "memory" else options["model"]
         model, tokenizer = load_diffusion_model(path), AutoTokenizer.from_pretrained(path)
         reward, dataset = sudoku_cell_reward, sure_unsure_dataset()
+        if gemma:
+            from dllm_trl.toy import sudoku_diffusion_gemma_sampler_config
+
+            pieces["sampler"] = DiffusionGemmaSampler(sudoku_diffusion_gemma_sampler_config())
+            pieces["loss"] = DiffusionGemmaRLDFLoss(args)
     elif options["model"] == "memory":
         torch.manual_seed(0)
         model = build_tiny_llada(vocab_size=len(tokenizer), mask_token_id=tokenizer.mask_token_id,

@@ -156,6 +156,22 @@ def test_processes_decoding_different_step_counts_stay_in_lock_step(sure_unsure_
         torch.testing.assert_close(result["params"][name], value, **AGREEMENT, msg=name)
 
 
+def test_diffusion_gemma_rows_stopping_early_on_one_process_stay_in_lock_step(tmp_path):
+    """DiffusionGemma's rows stop early by their own confidence: the DiffusionGemma Sudoku toy stops given grids after
+    11 steps and unsure puzzles after 13–16. Under FSDP2 the process done first runs idle one-row calls of the same
+    kind (encoder, then decoder steps) until the other is done; without them gloo aborts on a collective mismatch.
+    The run trains as DDP does."""
+    ddp = launch(tmp_path / "ddp", "task=sure_unsure", "family=diffusion_gemma", timeout=600)
+    (sure, unsure), (sure_chunks, unsure_chunks) = ddp["nfe"], ddp["loss_chunks"]
+    assert all(a < b for a, b in zip(sure, unsure)) and sure_chunks == [0, 0] and all(unsure_chunks), ddp
+    result = launch(tmp_path / "fsdp2", "task=sure_unsure", "family=diffusion_gemma", "fsdp_on_cpu=1", config="fsdp",
+                    timeout=600)
+    assert result["sharded"] and result["nfe"] == ddp["nfe"] and result["loss_chunks"] == ddp["loss_chunks"]
+    assert result["losses"] == pytest.approx(ddp["losses"], abs=1e-6)
+    for name, value in ddp["params"].items():
+        torch.testing.assert_close(result["params"][name], value, **AGREEMENT, msg=name)
+
+
 def test_fsdp1_is_refused_with_the_fix(monkeypatch):
     """FSDP1 (``fsdp_version: 1``) would run rollouts through unwrapped FSDP units without TRL's summon_full_params:
     refused at the trainer's start (``check_launch``), naming the config key to change. accelerate's FSDP1 plugin
