@@ -20,7 +20,7 @@ import math
 
 import pytest
 import torch
-from transformers import Glm4MoeForCausalLM
+from transformers import Glm4MoeForCausalLM, PretrainedConfig
 
 from dllm_trl.models import diffusion_block_size, diffusion_config, is_bidirectional, load_diffusion_model
 
@@ -322,6 +322,68 @@ def test_qkv_bias_and_qk_norm_off(tmp_path):
     weights = {k: v for k, v in llada2_weights(raw, seed=8).items() if "layernorm" not in k or "attention" not in k}
     model = load_diffusion_model(write_checkpoint(tmp_path / "nonorm", raw, weights), **F64_LOAD)
     assert not hasattr(model.model.layers[0].self_attn, "q_norm")
+
+
+# --------------------------------------------------------------------------------------------------
+# config.json as the official code saves it under transformers 4.x and 5.x
+# --------------------------------------------------------------------------------------------------
+class OfficialStyleConfig(PretrainedConfig):
+    """Saves a config the way the official ``LLaDA2MoeConfig`` does: it sets ``rope_theta``, ``rope_scaling`` and
+    ``partial_rotary_factor`` as plain attributes and hands the rest to ``PretrainedConfig``. Under transformers 5
+    ``rope_scaling`` is an alias of ``rope_parameters``, which the base class then fills from ``rope_theta`` and
+    ``partial_rotary_factor``: the saved file carries ``rope_parameters`` beside ``rope_theta``."""
+
+    model_type = "llada2_moe"
+
+    def __init__(self, rope_theta=10000.0, rope_scaling=None, partial_rotary_factor=0.5, **kwargs):
+        self.rope_theta = rope_theta
+        self.rope_scaling = rope_scaling
+        self.partial_rotary_factor = partial_rotary_factor
+        super().__init__(**kwargs)
+
+
+def transformers5_config(raw: dict, folder) -> dict:
+    """``raw`` saved through :class:`OfficialStyleConfig` under the installed transformers (5.x)."""
+    kept = {k: v for k, v in raw.items() if k not in ("model_type", "transformers_version")}
+    OfficialStyleConfig(**kept).save_pretrained(folder)
+    return json.loads((folder / "config.json").read_text())
+
+
+def test_official_configs_of_transformers_4_and_5_load_alike(checkpoints, tmp_path):
+    """The 4.x file (``rope_theta``, ``rope_scaling: null``) and the 5.x file (``rope_parameters`` beside
+    ``rope_theta``) of the same checkpoint load to the same model: the reference's logits."""
+    path, raw, weights = checkpoints[1]
+    assert raw["rope_scaling"] is None and raw["transformers_version"].startswith("4.")
+    saved = transformers5_config(raw, tmp_path / "saved")
+    assert saved["transformers_version"].startswith("5.") and saved["rope_theta"] == raw["rope_theta"]
+    assert saved["rope_parameters"] == {"rope_type": "default", "rope_theta": raw["rope_theta"],
+                                        "partial_rotary_factor": raw["partial_rotary_factor"]}
+    path5 = write_checkpoint(tmp_path / "v5", saved, weights)
+    ids = _ids(2, 11, seed=21)
+    ref = reference_logits(raw, weights, ids, BLOCK)
+    for folder in (path, path5):
+        torch.testing.assert_close(_logits(load_diffusion_model(folder, **F64_LOAD), ids), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("changes, named", [
+    (dict(rope_parameters={"rope_type": "default", "rope_theta": 10000.0}), ("rope_theta=600000", "rope_parameters")),
+    (dict(rope_parameters={"rope_type": "default", "partial_rotary_factor": 1.0}),
+     ("partial_rotary_factor=0.5", "rope_parameters")),
+    (dict(rope_scaling={"rope_type": "default", "rope_theta": 5.0}), ("rope_theta=600000", "rope_scaling")),
+    (dict(rotary_dim=16), ("rotary_dim=16", "partial_rotary_factor=0.5")),
+    (dict(rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 600000}), ("rope_parameters",)),
+    (dict(use_sliding_window=True), ("use_sliding_window",)),
+    (dict(num_nextn_predict_layers=1), ("num_nextn_predict_layers",)),
+    (dict(embedding_dropout=0.1), ("embedding_dropout",)),
+    (dict(attention_sink=True), ("attention_sink",)),
+])
+def test_disagreeing_or_unknown_config_keys_are_refused(tmp_path, changes, named):
+    raw = llada2_raw_config(**changes)
+    path = write_checkpoint(tmp_path, raw, llada2_weights(llada2_raw_config()))
+    with pytest.raises(ValueError) as refused:
+        load_diffusion_model(path, **LOAD)
+    for name in named:
+        assert name in str(refused.value)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -152,6 +152,11 @@ class DiffusionGemmaRLDFLoss(RLDFLoss):
 
         tie_encoder_adapters(model)
 
+    def bind_sampler(self, config) -> None:
+        """The temperature of each denoising step comes with the rollout's record (``state_temperature``), so
+        nothing of the sampler's config is read here; it is kept for reference."""
+        self.sampler_config = config
+
     def check_model(self, model) -> None:
         if not is_diffusion_gemma(model):
             raise ValueError(f"{type(self).__name__} trains DiffusionGemma; got {type(unwrap_model(model)).__name__}. "

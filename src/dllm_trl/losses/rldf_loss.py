@@ -50,6 +50,9 @@ from .rldf import (
     step_uncertainty,
 )
 
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p")
+"""The sampler settings that shape the distribution a token is drawn from: the loss scores ``π_old`` with them."""
+
 TRAJECTORY_KEYS = ("rollout_prompt_ids", "rollout_prompt_mask", "rollout_ids", "commit_step", "valid_mask",
                    "sampled_steps")
 """Batch keys of the recorded trajectory (plus ``mask_seed``) that travel with TRL's batch."""
@@ -135,13 +138,46 @@ class RLDFLoss:
     sampling_logps_key = "old_sampling_logps"
     """Batch key of the old-policy pass's sampler-consistent ``log π_old`` at the recorded targets (B, k, G)."""
 
+    sampler_config = None
+    """The config of the sampler whose rollouts this loss scores (:meth:`bind_sampler`); until one is bound, the
+    sampler ``args`` describe (``args.diffusion_generation_config()``, the trainer's default sampler)."""
+
     def __init__(self, args):
         self.args = args
 
     def sampler_requests(self) -> dict:
         """Sampler settings (``DiffusionGenerationConfig`` fields) this loss needs the rollout to record, e.g.
-        ``record_topk``: the trainer sets them on its sampler's config."""
+        ``record_topk``: the trainer sets them on (a copy of) its sampler's config."""
         return {"record_topk": self.record_topk} if self.record_topk else {}
+
+    def bind_sampler(self, config) -> None:
+        """Score ``π_old`` with the settings of the sampler that makes the rollouts: ``config`` is that sampler's
+        config (held, not copied, so that the two read the same settings). The trainer calls it once, at init.
+        Refuses, naming the field, a sampler whose settings this loss cannot honour."""
+        if self.args.policy_estimator in REPLAYING_ESTIMATORS:  # the mismatch view reads them
+            missing = [name for name in SAMPLING_FIELDS if not hasattr(config, name)]
+            if missing:
+                raise ValueError(
+                    f"{type(self).__name__} scores the rollout's record μ(a) under the sampler's processing, but the "
+                    f"sampler's config ({type(config).__name__}) has no {', '.join(missing)}: give the sampler a "
+                    "config with the sampling fields of DiffusionGenerationConfig."
+                )
+        if self.args.rollout_importance_sampling_correction:
+            refusal = None
+            if getattr(config, "cache", None) == "none":
+                refusal = ("the sampler's cache='none' decodes with full forwards, so the record is exactly the training "
+                           "forward's: there is nothing to correct")
+            elif not getattr(config, "temperature", 1.0) > 0:
+                refusal = (f"the sampler's temperature={config.temperature} decodes greedily: no token is sampled, so "
+                           "there is no behaviour distribution to correct for")
+            if refusal:
+                raise ValueError(f"rollout_importance_sampling_correction=True is not supported here: {refusal}. Leave "
+                                 "it False (the mismatch is still logged as sampling/*).")
+        self.sampler_config = config
+
+    def sampling_settings(self):
+        """The settings of the sampler that made the rollouts (:attr:`sampler_config`)."""
+        return self.args.diffusion_generation_config() if self.sampler_config is None else self.sampler_config
 
     # -------------------------------------------------------------------------------------------- rollout side
     def prepare_model(self, model) -> None:
@@ -297,8 +333,8 @@ class RLDFLoss:
         return self.args.policy_estimator in REPLAYING_ESTIMATORS and "rollout_commit_prob" in batch
 
     def _sampling_view(self, model, at, targets):
-        """:func:`sampling_logps_view` with the sampler settings of ``args`` (those of the trainer's sampler)."""
-        cfg = self.args.diffusion_generation_config()
+        """:func:`sampling_logps_view` with the settings of the sampler that made the rollout."""
+        cfg = self.sampling_settings()
         return sampling_logps_view(at, targets, diffusion_config(model).mask_token_id, cfg.temperature, cfg.top_p,
                                    cfg.top_k, cfg.min_p)
 

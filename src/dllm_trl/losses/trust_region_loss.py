@@ -216,9 +216,36 @@ class DiffusionTrustRegionLoss(TrustRegionTerms, RLDFLoss):
     logs_ppo_terms = False
     sampling_logps_key = "old_behaviour_logps"  # the old pass's π_old(a), scored as the sampler draws
 
-    def __init__(self, args, vocab_size: int, temperature: float, mask_token_id: int, logit_shift: int):
-        TrustRegionTerms.__init__(self, args, vocab_size, temperature)
+    def __init__(self, args, vocab_size: int, temperature: float | None, mask_token_id: int, logit_shift: int):
+        """``temperature``: the sampler's, at which ``π`` is scored; ``None`` follows the sampler bound by
+        :meth:`bind_sampler` (``args.temperature`` until then). A number must agree with that sampler."""
+        self.fixed_temperature = temperature
+        TrustRegionTerms.__init__(self, args, vocab_size, args.temperature if temperature is None else temperature)
         self.mask_token_id, self.logit_shift = mask_token_id, logit_shift
+
+    def bind_sampler(self, config) -> None:
+        """:meth:`RLDFLoss.bind_sampler`; ``π`` is then scored at the sampler's temperature. Refused: a ``temperature``
+        given at construction that the sampler does not sample at, and, under
+        ``rollout_importance_sampling_correction``, a truncating sampler (the forward scores the untruncated
+        distribution, so ``π_old/μ`` would measure the truncation, not the cache)."""
+        RLDFLoss.bind_sampler(self, config)
+        if self.fixed_temperature is not None and self.fixed_temperature != config.temperature:
+            raise ValueError(
+                f"{type(self).__name__}(temperature={self.fixed_temperature}) but the sampler samples at temperature="
+                f"{config.temperature}: μ is the sampler's distribution, so π must be scored at its temperature. Pass "
+                "temperature=None (follow the sampler) or the sampler's value."
+            )
+        if self.args.rollout_importance_sampling_correction:
+            truncating = {name: getattr(config, name) for name in ("top_p", "top_k", "min_p")
+                          if getattr(config, name) not in (None, 0, 1.0)}
+            if truncating:
+                settings = ", ".join(f"{name}={value}" for name, value in truncating.items())
+                raise ValueError(
+                    f"rollout_importance_sampling_correction=True is not supported here: the sampler's {settings} "
+                    "truncates, and the trust-region forward scores the untruncated distribution, so π_old/μ would "
+                    "measure the truncation, not the cache. Sample untruncated or leave the correction off."
+                )
+        self.score_temperature = config.temperature if config.temperature > 0 else 1.0
 
     @property
     def record_topk(self) -> int:

@@ -125,7 +125,7 @@ class DiffusionDPPOMaskTrainer(RLDFTrainer):
         config = diffusion_config(model)
         usable = model_vocab_size(model) - 1  # diffusion samplers never draw the mask token
         _check_top_k(args, usable)
-        return DiffusionTrustRegionLoss(args, usable, args.temperature, config.mask_token_id,
+        return DiffusionTrustRegionLoss(args, usable, None, config.mask_token_id,
                                         1 if getattr(config, "diffusion_logit_shift", False) else 0)
 
     def _generate_and_score_completions(self, inputs):

@@ -18,6 +18,7 @@ any object with its interface, e.g. :class:`~dllm_trl.losses.DiffusionTrustRegio
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 
@@ -83,8 +84,13 @@ class RLDFTrainer(SafeRunMixin, GRPOTrainer):
         self.loss.check_peft_config(kwargs.get("peft_config"))
         self.loss.prepare_model(model)
         self.sampler = MaskedDiffusionSampler(args.diffusion_generation_config()) if sampler is None else sampler
-        for name, value in self.loss.sampler_requests().items():  # what the loss reads from the rollout's record
-            setattr(self.sampler.config, name, value)
+        requests = self.loss.sampler_requests()  # what the loss reads from the rollout's record
+        if requests:  # into a copy: the caller's config stays as they built it
+            if not dataclasses.is_dataclass(self.sampler.config):
+                raise TypeError(f"sampler.config must be a dataclass (the loss asks for {requests} on a copy of it); "
+                                f"got {type(self.sampler.config).__name__}.")
+            self.sampler.config = dataclasses.replace(self.sampler.config, **requests)
+        self.loss.bind_sampler(self.sampler.config)  # the loss scores π_old as this sampler draws
         self.sampler.check_model(model)
         check_sampler_length(self.sampler.config, args)
         check_training_inputs(model, kwargs.get("train_dataset"), kwargs.get("processing_class"))
