@@ -117,6 +117,8 @@ class DiffusionLM(LM):
                              "support; drop it and set --batch_size.")
         self.path = str(pretrained or toy_assets_dir())
         self._device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if self._device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device={device!r}: no CUDA device here; pass --device cpu.")
         self._rank, self._world_size = 0, 1
         self.batch_size = batch_size
         self.seed = int(seed)
@@ -274,12 +276,15 @@ class DiffusionLM(LM):
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """lm-eval's command line with the dllm_trl model registered (and chosen unless ``--model`` names another)."""
+    """lm-eval's command line with the dllm_trl model registered (and chosen unless ``--model`` names another; the
+    device, unless ``--device`` names one, is cuda where there is one, else cpu: lm-eval's own default is cuda)."""
     from lm_eval.__main__ import cli_evaluate
 
     args = list(sys.argv[1:] if argv is None else argv)
-    if not any(a == "--model" or a.startswith("--model=") for a in args) and args[:1] not in (["ls"], ["validate"]):
-        args += ["--model", MODEL_NAME]
+    if args[:1] not in (["ls"], ["validate"]):
+        for flag, default in (("--model", MODEL_NAME), ("--device", "cuda" if torch.cuda.is_available() else "cpu")):
+            if not any(a == flag or a.startswith(flag + "=") for a in args):
+                args += [flag, default]
     sys.argv = [sys.argv[0] if argv is None else "python -m dllm_trl.evaluation.lm_eval", *args]
     cli_evaluate()
 
