@@ -17,8 +17,9 @@ from lm_eval.api.instance import Instance  # noqa: E402
 from lm_eval.tasks import TaskManager  # noqa: E402
 
 from dllm_trl.evaluation.lm_eval import DiffusionLM, cut_at_stop  # noqa: E402
-from dllm_trl.toy import (evaluate_accuracy, evaluate_diffusion_gemma_accuracy, load_sudoku_diffusion_gemma,  # noqa: E402
-                          load_toy, sudoku_dataset, toy_assets_dir, toy_dataset, toy_generation_config, toy_problems)
+from dllm_trl.toy import (evaluate_accuracy, evaluate_diffusion_gemma_accuracy,  # noqa: E402
+                          load_sudoku_diffusion_gemma, load_toy, sudoku_dataset, toy_assets_dir, toy_dataset,
+                          toy_generation_config, toy_problems)
 from dllm_trl.toy.block import load_toy_block, toy_block_assets_dir, toy_block_generation_config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,7 +28,7 @@ TASKS = ROOT / "tests" / "data" / "lm_eval"
 
 @pytest.fixture(scope="module")
 def task_manager():
-    return TaskManager(include_path=str(TASKS))
+    return TaskManager(include_path=str(TASKS), include_defaults=False)  # our tasks only: no scan of lm-eval's
 
 
 def run_lm_eval(task_manager, task, model_args="", limit=None, batch_size=64, **kwargs):
@@ -84,7 +85,8 @@ def test_max_gen_toks_rounds_up_to_blocks_then_cuts():
     # 1 token -> one block of 4 decoded, then cut to its first token
     own = evaluate_accuracy(model, tokenizer, toy_dataset("test", size=6), toy_generation_config(gen_length=4),
                             batch_size=4)
-    first_tokens = [tokenizer.decode(tokenizer(c, add_special_tokens=False)["input_ids"][:1]) for c in own["completions"]]
+    first_tokens = [tokenizer.decode(tokenizer(c, add_special_tokens=False)["input_ids"][:1])
+                    for c in own["completions"]]
     assert out == first_tokens and any(len(c) > 1 for c in own["completions"])
 
 
@@ -119,10 +121,15 @@ def test_likelihood_requests_are_refused():
         lm.loglikelihood_rolling([req])
 
 
-def test_diffusion_gemma_refuses_greedy_requests():
-    lm = DiffusionLM(pretrained=str(toy_assets_dir("sudoku_diffusion_gemma")))
+def test_diffusion_gemma_greedy_requests_are_refused_unless_sampling_is_allowed():
+    path = str(toy_assets_dir("sudoku_diffusion_gemma"))
     with pytest.raises(ValueError, match="sample_when_greedy=true"):
-        lm.generate_until([request("x", do_sample=False)])
+        DiffusionLM(pretrained=path).generate_until([request("x", do_sample=False)])
+    dataset = sudoku_dataset("test", size=4)
+    lm = DiffusionLM(pretrained=path, sample_when_greedy=True, batch_size=4)
+    out = lm.generate_until([request(p, do_sample=False, max_gen_toks=20) for p in dataset["prompt"]])
+    own = evaluate_diffusion_gemma_accuracy(lm.model, lm.tokenizer, dataset, batch_size=4, seeds=(0,))
+    assert out == own["completions"]
 
 
 def test_chat_template_prompts_are_the_library_chat_prompts(task_manager):

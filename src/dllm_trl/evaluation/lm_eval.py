@@ -192,8 +192,8 @@ class DiffusionLM(LM):
             if greedy and not self.sample_when_greedy:
                 raise ValueError("The task asks for greedy decoding (do_sample=false / temperature=0), which "
                                  "DiffusionGemma does not have: its decoding samples (uniform-noise canvases, "
-                                 "temperatures t_max → t_min). Pass --model_args sample_when_greedy=true to decode it "
-                                 "with the sampler's schedule (results then vary with seed).")
+                                 "temperatures t_max → t_min). Pass --model_args sample_when_greedy=true to decode "
+                                 "it with the sampler's schedule (results then vary with seed).")
         else:
             if temperature is not None:
                 overrides["temperature"] = float(temperature)
