@@ -100,7 +100,7 @@ def test_until_cuts_at_the_first_stop_string():
     assert cut == [c.split("4")[0] for c in full] and cut != full
 
 
-def test_settings_not_understood_are_refused():
+def test_settings_not_understood_are_refused(monkeypatch):
     lm = DiffusionLM()
     with pytest.raises(ValueError, match="max_new_tokens not understood"):
         lm.generate_until([request("1+2=", max_new_tokens=4)])
@@ -110,6 +110,9 @@ def test_settings_not_understood_are_refused():
         DiffusionLM(entropy_bound=0.2)
     with pytest.raises(ValueError, match="batch_size='auto'"):
         DiffusionLM(batch_size="auto")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match="runs in one process"):
+        DiffusionLM()
 
 
 def test_likelihood_requests_are_refused():

@@ -26,6 +26,7 @@ diffusion LM gives only a bound on a sequence's likelihood, which the library do
 from __future__ import annotations
 
 import math
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import fields, replace
@@ -119,6 +120,9 @@ class DiffusionLM(LM):
         self._device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if self._device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device={device!r}: no CUDA device here; pass --device cpu.")
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise ValueError("The dllm_trl lm-eval model runs in one process (every process would decode every "
+                             "request): launch it with python, not accelerate launch / torchrun.")
         self._rank, self._world_size = 0, 1
         self.batch_size = batch_size
         self.seed = int(seed)
@@ -138,7 +142,8 @@ class DiffusionLM(LM):
             family = "DiffusionGemma" if self.is_gemma else "masked-diffusion"
             raise ValueError(f"{where}: {', '.join(unknown)} not understood by the dllm_trl model ({family} sampler); "
                              f"it reads {', '.join(self.sampler_keys)} (and {', '.join(LOADING_ARGS)} in --model_args, "
-                             f"{', '.join(REQUEST_ARGS)} in gen_kwargs).")
+                             f"{', '.join(k for k in REQUEST_ARGS if k not in self.sampler_keys)} in "
+                             "gen_kwargs).")
         return dict(args)
 
     def _base_config(self, overrides: dict):
