@@ -25,6 +25,10 @@ fetched from the Hub: local files and folders, or what the Hub cache already hol
 Where each part lives: :mod:`.metrics` (pass@k, :class:`TaskAccuracy`), :mod:`.tasks` (:class:`EvalTask`: a dataset
 and its reward), :mod:`.runner` (the grid of cells, decoded by :func:`~dllm_trl.generation.decode_prompts`),
 :mod:`.reports` (tables, plot, files) and :mod:`.cli` (the command line). Names are imported on first use.
+
+For standard benchmarks on EleutherAI's lm-evaluation-harness, :mod:`dllm_trl.evaluation.lm_eval` (the ``eval``
+extra) registers every supported model there as ``dllm_trl``: ``python -m dllm_trl.evaluation.lm_eval --tasks gsm8k
+--model_args pretrained=PATH``. It is not imported by this package (it needs lm-eval).
 """
 
 from __future__ import annotations

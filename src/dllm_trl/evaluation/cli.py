@@ -17,6 +17,15 @@ from .runner import PAPER_GEN_LENGTHS, TOY_GEN_LENGTHS, evaluate_model
 from .tasks import EvalTask
 
 
+DESCRIPTION = (
+    "Paper 1's accuracy grid: math and code sets decoded at several generation lengths with dynamic and static "
+    "unmasking (accuracy, pass@k, tokens/s, forwards). For standard benchmarks scored as everyone else scores them "
+    "(any lm-eval task: gsm8k, minerva_math, humaneval, ifeval, your own YAML tasks), use EleutherAI's "
+    "lm-evaluation-harness instead: python -m dllm_trl.evaluation.lm_eval --model_args pretrained=PATH --tasks gsm8k "
+    "(the eval extra: pip install -e '.[eval]')."
+)
+
+
 @dataclass
 class EvaluationArguments:
     """What to evaluate and how to decode; the model comes from TRL's ``ModelConfig`` flags."""
@@ -92,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     from ..models import load_model_and_tokenizer
     from ..prechecks import check_output_dir
 
-    parser = TrlParser((EvaluationArguments, ModelConfig))
+    parser = TrlParser((EvaluationArguments, ModelConfig), description=DESCRIPTION)
     args, model_args = parser.parse_args_and_config(args=argv)
     check_output_dir(args)  # the reports go there: a folder it cannot write is said before any work
     toy_model = model_args.model_name_or_path is None
