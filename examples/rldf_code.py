@@ -2,8 +2,9 @@ r"""RLDF (paper 1) on code with a masked diffusion LM; the reward is the fractio
 last ```` ```python ```` block of a completion, run in the sandbox of :mod:`dllm_trl.rewards`.
 
 With no arguments it trains the shipped toy diffusion LM for two steps on CPU on a few MBPP-shaped problems
-(``dllm_trl.data.sample_dataset("mbpp")``). The toy model only knows digits, so every reward is 0 and no loss
-is taken (equal-reward groups are dropped): the run checks the plumbing, prompts → rollouts → sandbox::
+(``dllm_trl.data.sample_dataset("mbpp")``). The toy model only knows digits and 64 positions (its config is raised
+to 1024 for this run, as MBPP prompts take ~350 tokens), so every reward is 0 and no loss is taken (equal-reward
+groups are dropped): the run checks the plumbing, prompts → rollouts → sandbox::
 
     python examples/rldf_code.py
 
@@ -64,6 +65,9 @@ def main():
     model, tokenizer = load_model_and_tokenizer(model_args)
     if model_args.model_name_or_path is None and data_args.dataset_name is None:
         train_dataset = prepare_dataset(sample_dataset("mbpp"), system_prompt=data_args.system_prompt)
+        # The toy saw 64 positions and MBPP prompts take ~350 tokens, which the trainer refuses; this run only checks
+        # the plumbing (the toy learns nothing on code either way), so the toy is told it may read them.
+        model.config.max_position_embeddings = 1024
     else:
         train_dataset = data_args.load(default_source="mbpp", tokenizer=tokenizer)
 

@@ -37,7 +37,7 @@ def test_overridden_methods_exist_in_pinned_trl():
     own = {name for cls in (RLDFTrainer, SafeRunMixin) for name, value in vars(cls).items()
            if inspect.isfunction(value) and name != "__init__"}
     private_helpers = {"make_loss", "_old_logps_needed", "_zero_variance_rows", "_clean_targets_from_loss",
-                       "_loss_normalizer", "_finish_pending_normalization", "_generator_files",
+                       "_loss_normalizer", "_finish_pending_normalization", "_generator_files", "_forwards_matched",
                        # SafeRunMixin's own (issue 30)
                        "_on_main_then_everywhere", "_checkpoint_to_resume", "_stop_on_sigterm", "_sigterm_agreed",
                        "_interrupted"}
