@@ -139,26 +139,24 @@ class Record:
         return handle
 
     def __repr__(self):
-        model = Record.MODELS.get(self._name)
-        if self._handle is not None or (model is not None and model.own_text):
-            try:
-                own = self._own()
-                if own is not None:
-                    return repr(own)
-            except Exception:
-                pass
-        return self._default_repr()
+        return _record_text(self, repr)
 
     def __str__(self):
-        model = Record.MODELS.get(self._name)
-        if self._handle is not None or (model is not None and model.own_text):
-            try:
-                own = self._own()
-                if own is not None:
-                    return str(own)
-            except Exception:
-                pass
-        return self._default_repr()
+        return _record_text(self, str)
+
+
+def _record_text(record, convert):
+    """``convert`` (repr or str) of the program's own object behind ``record`` where it has one, else the record's
+    default repr. A function, not a method: a method name would hide a record field of the same name."""
+    model = Record.MODELS.get(record._name)
+    if record._handle is not None or (model is not None and model.own_text):
+        try:
+            own = record._own()
+            if own is not None:
+                return convert(own)
+        except Exception:
+            pass
+    return record._default_repr()
 
 
 _NAMEDTUPLES = {}
