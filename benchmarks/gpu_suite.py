@@ -257,7 +257,7 @@ def fastdllm_model(llama, fastdllm_dir: Path):
     its generate module. Our LLaMA names map onto LLaDA's through the loader's table (SPEC §4)."""
     import re
 
-    from dllm_trl.models.loading import LLADA_KEY_MAPPING
+    from dllm_trl.families.llada import LLADA_KEY_MAPPING
 
     sys.path.insert(0, str(fastdllm_dir))
     import generate as fast_generate

@@ -25,7 +25,7 @@ from trl import ModelConfig, TrlParser, get_peft_config, get_quantization_config
 
 from dllm_trl.prechecks import check_run_setup
 from dllm_trl.data import DatasetArguments
-from dllm_trl.models import check_trainable, load_model_and_tokenizer, model_init_kwargs, save_trained_model
+from dllm_trl.families import check_trainable, load_model_and_tokenizer, model_init_kwargs, save_trained_model
 from dllm_trl.rewards import math_reward
 from dllm_trl.toy import build_toy_tokenizer, toy_dataset, toy_reward, toy_training_defaults
 from dllm_trl.trainers import DPPOMaskConfig, DPPOMaskTrainer

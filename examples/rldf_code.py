@@ -51,7 +51,7 @@ from trl import ModelConfig, TrlParser, get_peft_config
 from dllm_trl import RLDFConfig, RLDFTrainer
 from dllm_trl.prechecks import check_run_setup
 from dllm_trl.data import DatasetArguments, prepare_dataset, sample_dataset
-from dllm_trl.models import load_model_and_tokenizer, save_trained_model
+from dllm_trl.families import load_model_and_tokenizer, save_trained_model
 from dllm_trl.rewards import code_reward
 from dllm_trl.toy import toy_training_defaults
 

@@ -23,13 +23,13 @@ import pytest
 import torch
 from transformers import Qwen2ForCausalLM, Qwen3ForCausalLM
 
+from dllm_trl.families import load_diffusion_model
 from dllm_trl.models import (
     block_causal_mask,
     completion_logits,
     diffusion_block_size,
     diffusion_config,
     is_bidirectional,
-    load_diffusion_model,
 )
 
 from .test_models import _rms_norm, _rope, dream_raw_config, dream_weights, llada_raw_config, llada_weights, write_checkpoint

@@ -94,7 +94,7 @@ def test_example_script_trains_tied_lora_under_ddp(tmp_path):
 
     from trl import ModelConfig
 
-    from dllm_trl.models import load_model_and_tokenizer
+    from dllm_trl.families import load_model_and_tokenizer
 
     script = Path(__file__).resolve().parents[1] / "examples" / "rldf_diffusion_gemma.py"
     command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", str(script),

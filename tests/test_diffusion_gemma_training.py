@@ -421,11 +421,13 @@ def test_masked_diffusion_settings_are_refused_early():
     with pytest.raises(ValueError, match=r"policy_estimator='all_masking'.*\('rldf', 'sequential'\)"):
         args = toy_args(policy_estimator="all_masking")
         trainer_for(model, args, tokenizer, sampler=sampler, loss=DiffusionGemmaRLDFLoss(args))
-    with pytest.raises(ValueError, match="loss=DiffusionGemmaRLDFLoss"):
-        trainer_for(model, toy_args(), tokenizer, sampler=sampler)  # the masked-diffusion default loss
-    with pytest.raises(ValueError, match="DiffusionGemmaSampler"):
+    with pytest.raises(ValueError, match="RLDFLoss scores masked-diffusion states.*no config.mask_token_id"):
         args = toy_args()
-        trainer_for(model, args, tokenizer, loss=DiffusionGemmaRLDFLoss(args))  # the masked-diffusion default sampler
+        trainer_for(model, args, tokenizer, sampler=sampler, loss=RLDFLoss(args))  # a masked-diffusion loss
+    with pytest.raises(ValueError, match="no config.mask_token_id.*DiffusionGemmaSampler"):
+        args = toy_args()
+        trainer_for(model, args, tokenizer, loss=DiffusionGemmaRLDFLoss(args),  # a masked-diffusion sampler
+                    sampler=MaskedDiffusionSampler(args.diffusion_generation_config(block_length=4)))
     masked = copy.deepcopy(model)
     masked.config.mask_token_id = 5  # as set_diffusion_properties would leave it
     with pytest.raises(ValueError, match=r"config.mask_token_id=5 .*no mask token"):
@@ -435,24 +437,27 @@ def test_masked_diffusion_settings_are_refused_early():
         DiffusionGemmaSampler(DiffusionGemmaSamplerConfig(gen_length=8)).check_model(
             set_diffusion_properties(make_masked_llada(), mask_token_id=3))
     with pytest.raises(ValueError, match="DiffusionGemmaSampler"):
-        MaskedDiffusionSampler(toy_args().diffusion_generation_config()).check_model(model)
-    with pytest.raises(ValueError, match="DiffusionGemmaRLDFLoss"):
+        MaskedDiffusionSampler(toy_args().diffusion_generation_config(block_length=4)).check_model(model)
+    with pytest.raises(ValueError, match="no config.mask_token_id"):
         RLDFLoss(toy_args()).check_model(model)
 
 
-def test_trust_region_trainers_without_the_diffusion_gemma_pieces_are_refused():
-    """DPPOMaskTrainer ("auto" and "causal" kinds) and DiffusionDPPOMaskTrainer name DiffusionGemma's own loss and
-    sampler instead of failing on the missing mask token (or building a causal trainer)."""
+def test_trust_region_trainers_take_the_diffusion_gemma_pieces_from_its_family():
+    """DPPOMaskTrainer ("auto") and DiffusionDPPOMaskTrainer build DiffusionGemma's own trust-region loss and sampler
+    with nothing named; the causal kind is refused, naming the family."""
     model, tokenizer = toy_model()
-    sampler = DiffusionGemmaSampler(DiffusionGemmaSamplerConfig(gen_length=8, max_denoising_steps=2))
-    pieces = r"loss=DiffusionGemmaTrustRegionLoss\(args, vocab_size\).*sampler=DiffusionGemmaSampler"
-    for trainer_class, kind, extra in ((DPPOMaskTrainer, "auto", {}), (DPPOMaskTrainer, "auto", {"sampler": sampler}),
-                                       (DiffusionDPPOMaskTrainer, "auto", {}), (DPPOMaskTrainer, "causal", {})):
-        args = dppo_args(max_completion_length=8, block_length=4, num_generations=4, per_device_train_batch_size=4,
-                         model_kind=kind)
-        with pytest.raises(ValueError, match=pieces):
-            trainer_class(model=model, reward_funcs=digit_ones_reward, args=args, train_dataset=toy_dataset("train"),
-                          processing_class=tokenizer, **extra)
+    for trainer_class in (DPPOMaskTrainer, DiffusionDPPOMaskTrainer):
+        args = dppo_args(max_completion_length=8, block_length=None, num_generations=4, per_device_train_batch_size=4)
+        trainer = trainer_class(model=model, reward_funcs=digit_ones_reward, args=args,
+                                train_dataset=toy_dataset("train"), processing_class=tokenizer)
+        assert type(trainer) is DiffusionDPPOMaskTrainer and trainer.block_length == model.config.canvas_length
+        assert type(trainer.loss) is DiffusionGemmaTrustRegionLoss and type(trainer.sampler) is DiffusionGemmaSampler
+        assert trainer.sampler.config.gen_length == 8 and trainer.sampler.config.record_topk == args.divergence_top_k
+    args = dppo_args(max_completion_length=8, block_length=None, num_generations=4, per_device_train_batch_size=4,
+                     model_kind="causal")
+    with pytest.raises(ValueError, match="model_kind='causal' but the model is a diffusion LM .family 'diffusion_gemma'"):
+        DPPOMaskTrainer(model=model, reward_funcs=digit_ones_reward, args=args, train_dataset=toy_dataset("train"),
+                        processing_class=tokenizer)
 
 
 def test_sampler_length_other_than_max_completion_length_is_refused():
@@ -580,7 +585,7 @@ def test_peft_config_given_to_the_trainer_gets_tied_adapters(tmp_path):
     trainer.save_model(str(tmp_path / "saved"))
     assert (tmp_path / "saved" / "adapter_config.json").is_file()
     # Loading the saved adapter merges each shared weight's delta once: the merged model decodes as the trained one.
-    from dllm_trl.models.engines import load_adapter
+    from dllm_trl.families import load_adapter
 
     merged = load_adapter(toy_model()[0], str(tmp_path / "saved")).eval()
     assert type(merged).__name__ == "DiffusionGemmaForBlockDiffusion"

@@ -199,8 +199,7 @@ def test_config_validation_names_the_field(tmp_path):
     assert DiffusionTrustRegionLoss(args, 16, 1.0, 1, 0).record_topk == 4  # what the loss asks the sampler to record
     assert DiffusionTrustRegionLoss(make_args(tmp_path, divergence_top_k=0), 16, 1.0, 1, 0).record_topk == 1
     assert make_args(tmp_path, mask_direction="ratio").mask_rule == "dppo"
-    assert make_args(tmp_path, block_length=None, max_completion_length=12).block_length == 12
-    assert make_args(tmp_path, block_length=None, max_completion_length=64).block_length == 32
+    assert make_args(tmp_path, block_length=None, max_completion_length=12).block_length is None  # the model's own
     defaults = DPPOMaskConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True)
     assert (defaults.divergence, defaults.divergence_top_k, defaults.divergence_threshold, defaults.is_cap) == (
         "kl", 20, 0.15, 20.0)
@@ -210,8 +209,8 @@ def test_model_kind_detection_and_vocabulary_check(tmp_path):
     assert detect_model_kind(tiny_diffusion()) == "diffusion"
     plain = tiny_causal()
     assert detect_model_kind(plain) == "causal"
-    plain.config.mask_token_id = 1  # a mask id alone (no diffusion properties) does not make a diffusion LM
-    assert detect_model_kind(plain) == "causal"
+    plain.config.mask_token_id = 1  # a masked model not yet made bidirectional is one (the loss makes it so)
+    assert detect_model_kind(plain) == "diffusion"
     with pytest.raises(ValueError, match="divergence_top_k"):
         make_trainer(tmp_path, tiny_diffusion(), divergence_top_k=15)  # 15 tokens, one of them the mask
 

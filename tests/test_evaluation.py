@@ -24,7 +24,7 @@ from dllm_trl.evaluation import (
     pass_at_k,
 )
 from dllm_trl.evaluation import reports
-from dllm_trl.models import load_model_and_tokenizer
+from dllm_trl.families import load_model_and_tokenizer
 from dllm_trl.rewards import code_reward, math_reward
 from dllm_trl.toy import evaluate_accuracy, load_toy, toy_assets_dir, toy_dataset, toy_generation_config, toy_reward
 

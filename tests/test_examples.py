@@ -199,7 +199,7 @@ def test_examples_checkpoint_and_resume(tmp_path, script):
 def test_rldf_diffusion_gemma_runs_two_toy_steps(tmp_path):
     """No arguments: two RLDF steps of the noisy-teacher DiffusionGemma Sudoku toy; the saved model is transformers'
     DiffusionGemma class again."""
-    from dllm_trl.models import load_diffusion_model
+    from dllm_trl.families import load_diffusion_model
 
     assert len(logged_rewards(run_example([str(EXAMPLES / "rldf_diffusion_gemma.py")], tmp_path))) == 2
     saved = tmp_path / "outputs" / "rldf-diffusion-gemma"
@@ -211,7 +211,7 @@ def test_rldf_diffusion_gemma_lora_run_saves_tied_adapters_that_load_merged(tmp_
     saved adapter loads (as examples/evaluate.py loads it) into one merged DiffusionGemma."""
     from trl import ModelConfig
 
-    from dllm_trl.models import load_model_and_tokenizer
+    from dllm_trl.families import load_model_and_tokenizer
 
     output = run_example([str(EXAMPLES / "rldf_diffusion_gemma.py"), "--output_dir", "lora", "--use_peft",
                           "--lora_r", "4", "--lora_alpha", "8", "--max_steps", "1"], tmp_path)

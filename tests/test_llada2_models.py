@@ -22,7 +22,8 @@ import pytest
 import torch
 from transformers import Glm4MoeForCausalLM, PretrainedConfig
 
-from dllm_trl.models import diffusion_block_size, diffusion_config, is_bidirectional, load_diffusion_model
+from dllm_trl.models import diffusion_block_size, diffusion_config, is_bidirectional
+from dllm_trl.families import load_diffusion_model
 
 from .test_block_models import official_block_mask
 from .test_models import _rms_norm, write_checkpoint

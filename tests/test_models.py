@@ -18,11 +18,11 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2ForCausalLM
 
+from dllm_trl.families import load_diffusion_model
 from dllm_trl.models import (
     attention_mask_4d,
     diffusion_config,
     is_bidirectional,
-    load_diffusion_model,
 )
 
 F64 = torch.float64

@@ -8,7 +8,7 @@ import pytest
 import torch
 from trl import ModelConfig, get_peft_config
 
-from dllm_trl.models import check_trainable, load_model_and_tokenizer
+from dllm_trl.families import check_trainable, load_model_and_tokenizer
 from dllm_trl.trainers import RLDFConfig, RLDFTrainer
 from dllm_trl.toy import toy_dataset, toy_training_defaults
 

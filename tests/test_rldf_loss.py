@@ -23,6 +23,7 @@ from trl import GRPOTrainer
 
 from dllm_trl import DiffusionGenerationConfig, diffusion_generate
 from dllm_trl.generation import NEVER_COMMITTED
+from dllm_trl.losses import RLDFLoss
 from dllm_trl.losses.rldf import INVALID_STEP, noisy_state, sample_timesteps, step_uncertainty
 from dllm_trl.testing import build_tiny_dream, build_tiny_llada
 from dllm_trl.toy.tokenizer import build_toy_tokenizer
@@ -80,6 +81,7 @@ def loss_test_trainer(model, tokenizer, output_dir):
         model=model,
         reward_funcs=lambda completions, **kwargs: [float(len(c)) for c in completions],
         args=args,
+        loss=RLDFLoss(args),  # the oracles' loss, also on an MoE model (whose family's default adds routing metrics)
         train_dataset=Dataset.from_dict({"prompt": ["1+2=", "3*4=", "5-1=", "9+9="]}),
         processing_class=tokenizer,
     )

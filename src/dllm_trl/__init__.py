@@ -19,7 +19,9 @@ _EXPORTS = {
     "DiffusionGenerationConfig": "generation",
     "DiffusionGenerationOutput": "generation",
     "diffusion_generate": "generation",
-    "load_diffusion_model": "models",
+    "load_diffusion_model": "families",
+    "ModelFamily": "families",
+    "register_family": "families",
     "CausalDPPOMaskConfig": "trainers",
     "CausalDPPOMaskTrainer": "trainers",
     "DiffusionDPPOMaskTrainer": "trainers",
@@ -33,7 +35,7 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:
     from .generation import DiffusionGenerationConfig, DiffusionGenerationOutput, diffusion_generate
-    from .models import load_diffusion_model
+    from .families import ModelFamily, load_diffusion_model, register_family
     from .trainers import (
         CausalDPPOMaskConfig,
         CausalDPPOMaskTrainer,

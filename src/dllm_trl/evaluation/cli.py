@@ -98,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     """Parse the command line, evaluate, write the reports and print the score table."""
     from trl import ModelConfig, TrlParser
 
-    from ..models import load_model_and_tokenizer
+    from ..families import load_model_and_tokenizer
     from ..prechecks import check_output_dir
 
     parser = TrlParser((EvaluationArguments, ModelConfig), description=DESCRIPTION)

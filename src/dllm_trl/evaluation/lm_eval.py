@@ -102,8 +102,7 @@ class DiffusionLM(LM):
         super().__init__()
         from trl import ModelConfig
 
-        from ..generation.diffusion_gemma import is_diffusion_gemma
-        from ..models import load_model_and_tokenizer
+        from ..families import family_of, load_model_and_tokenizer
         from ..toy import toy_assets_dir
 
         if batch_size is None:
@@ -130,8 +129,9 @@ class DiffusionLM(LM):
         model_args = ModelConfig(model_name_or_path=self.path, model_revision=revision, dtype=dtype,
                                  attn_implementation=attn_implementation)
         self.model, self.tokenizer = load_model_and_tokenizer(model_args, str(self._device))
-        self.is_gemma = is_diffusion_gemma(self.model)
-        self.sampler_keys = GEMMA_SAMPLER_ARGS if self.is_gemma else MASKED_SAMPLER_ARGS
+        self.family = family_of(self.model)
+        self.greedy = self.family.greedy_decoding
+        self.sampler_keys = MASKED_SAMPLER_ARGS if self.greedy else GEMMA_SAMPLER_ARGS
         self.base_config = self._base_config(self._sampler_args(sampler_args, "--model_args"))
 
     # ----------------------------------------------------------------------------------------------------- settings
@@ -139,7 +139,7 @@ class DiffusionLM(LM):
     def _sampler_args(self, args: dict, where: str) -> dict:
         unknown = sorted(set(args) - set(self.sampler_keys))
         if unknown:
-            family = "DiffusionGemma" if self.is_gemma else "masked-diffusion"
+            family = self.family.name
             raise ValueError(f"{where}: {', '.join(unknown)} not understood by the dllm_trl model ({family} sampler); "
                              f"it reads {', '.join(self.sampler_keys)} (and {', '.join(LOADING_ARGS)} in --model_args, "
                              f"{', '.join(k for k in REQUEST_ARGS if k not in self.sampler_keys)} in "
@@ -150,17 +150,10 @@ class DiffusionLM(LM):
         """The sampler config every request starts from: the library's settings for this checkpoint (or the
         config's defaults) with ``overrides`` (``--model_args``) applied; ``self.explicit_gen_length`` records
         whether the length was named."""
-        from ..generation import DiffusionGemmaSamplerConfig, DiffusionGenerationConfig
-        from ..models.bidirectional import diffusion_block_size
-
         self.explicit_gen_length = "gen_length" in overrides
         config = shipped_sampler_config(self.path)
-        if config is None and self.is_gemma:
-            config = DiffusionGemmaSamplerConfig()
         if config is None:
-            block = diffusion_block_size(self.model)
-            config = DiffusionGenerationConfig(**({} if block is None else
-                                                  dict(block_length=block, gen_length=math.lcm(256, block))))
+            config = self.family.sampler_config(self.model)
         return self._with(config, overrides)
 
     @staticmethod
@@ -175,11 +168,7 @@ class DiffusionLM(LM):
 
     def _unit(self, config) -> int:
         """Granularity of ``gen_length``: whole canvases (DiffusionGemma) or whole decoding and attention blocks."""
-        from ..models.bidirectional import diffusion_block_size
-
-        if self.is_gemma:
-            return int(self.model.config.canvas_length)
-        return math.lcm(config.block_length, diffusion_block_size(self.model) or 1)
+        return self.family.length_unit(self.model, config)
 
     def request_settings(self, gen_kwargs: dict) -> tuple:
         """``(sampler config, until, max_gen_toks)`` of one request's ``gen_kwargs``."""
@@ -189,7 +178,7 @@ class DiffusionLM(LM):
         do_sample = gen_kwargs.pop("do_sample", None)
         temperature = gen_kwargs.pop("temperature", None)
         overrides = self._sampler_args(gen_kwargs, "gen_kwargs")
-        if self.is_gemma:
+        if not self.greedy:
             greedy = do_sample is False or (temperature is not None and float(temperature) == 0.0)
             if temperature is not None and float(temperature) > 0:
                 raise ValueError(f"temperature={temperature}: DiffusionGemma's temperature is its schedule t_max → "
@@ -224,7 +213,7 @@ class DiffusionLM(LM):
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         """Decode every request's context; requests with the same settings are batched together (in order)."""
-        from ..generation import DiffusionGemmaSampler, MaskedDiffusionSampler, decode_prompts
+        from ..generation import decode_prompts
 
         groups: dict[str, list[int]] = {}
         for i, request in enumerate(requests):
@@ -232,10 +221,10 @@ class DiffusionLM(LM):
         results: list[str] = [""] * len(requests)
         for rows in groups.values():
             config, until, max_gen_toks = self.request_settings(requests[rows[0]].args[1])
-            sampler = DiffusionGemmaSampler(config) if self.is_gemma else MaskedDiffusionSampler(config)
+            sampler = self.family.sampler_for(config)
             sampler.check_model(self.model)
             generator = torch.Generator(device=self._device).manual_seed(self.seed)
-            greedy = not self.is_gemma and config.temperature == 0
+            greedy = self.greedy and config.temperature == 0
 
             def generate(input_ids, attention_mask, sampler=sampler, generator=generator, greedy=greedy,
                          keep=max_gen_toks):

@@ -5,7 +5,7 @@ from .config import CACHE_MODES, SAMPLING_STYLES, UNMASKING_MODES, DiffusionGene
 from .diffusion_gemma import DiffusionGemmaSampler, DiffusionGemmaSamplerConfig
 from .decode import DecodedPrompts, decode_completions, decode_prompts, encode_prompts
 from .sampler import NEVER_COMMITTED, DiffusionGenerationOutput, diffusion_generate, draw_candidates, static_schedule
-from .samplers import MaskedDiffusionSampler
+from .samplers import MaskedDiffusionSampler, RolloutSampler
 from .trajectory import DenoisingSteps
 
 __all__ = [
@@ -14,6 +14,7 @@ __all__ = [
     "DiffusionGemmaSampler",
     "DiffusionGemmaSamplerConfig",
     "MaskedDiffusionSampler",
+    "RolloutSampler",
     "appended_logits_processor",
     "CACHE_MODES",
     "NEVER_COMMITTED",

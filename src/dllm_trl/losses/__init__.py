@@ -14,6 +14,7 @@ from .rldf import (
     step_uncertainty,
 )
 from .diffusion_gemma_loss import DiffusionGemmaRLDFLoss, DiffusionGemmaTrustRegionLoss
+from .interface import DiffusionLoss
 from .rldf_loss import LossCall, RLDFLoss, zero_variance_rows
 from .routing_drift import MoERLDFLoss, RoutingDriftMixin, expert_set_agreement
 from .trust_region_loss import CausalTrustRegionLoss, DiffusionTrustRegionLoss
@@ -22,6 +23,7 @@ __all__ = [
     "CausalTrustRegionLoss",
     "DiffusionGemmaRLDFLoss",
     "DiffusionGemmaTrustRegionLoss",
+    "DiffusionLoss",
     "DiffusionTrustRegionLoss",
     "LossCall",
     "MoERLDFLoss",

@@ -77,7 +77,7 @@ STATE_KEYS = ("state_canvas", "state_ids", "state_temperature", "state_accept", 
 def check_diffusion_gemma_args(args, model) -> None:
     """Refuse, with the field's name and the fix, settings that only mean something for masked diffusion."""
     canvas = unwrap_model(model).config.canvas_length
-    if args.block_length != canvas:
+    if args.block_length is not None and args.block_length != canvas:
         raise ValueError(
             f"block_length={args.block_length} is a masked-diffusion setting; DiffusionGemma decodes canvases of its "
             f"config's canvas_length={canvas}: set block_length={canvas} (and max_completion_length to a multiple of it)."
@@ -157,7 +157,11 @@ class DiffusionGemmaRLDFLoss(RLDFLoss):
         nothing of the sampler's config is read here; it is kept for reference."""
         self.sampler_config = config
 
-    def check_model(self, model) -> None:
+    corrects_rollout_mismatch = False  # the encoder cache is exact: nothing to correct
+
+    def check_model_kind(self, model) -> None:
+        """DiffusionGemma, without masked-diffusion properties, with no masked-diffusion setting in ``args``
+        (:meth:`RLDFLoss.check_model` runs the shared checks around it)."""
         if not is_diffusion_gemma(model):
             raise ValueError(f"{type(self).__name__} trains DiffusionGemma; got {type(unwrap_model(model)).__name__}. "
                              "Use RLDFLoss for masked-diffusion models.")

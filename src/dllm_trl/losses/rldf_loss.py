@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..generation.diffusion_gemma import is_diffusion_gemma
 from ..models.bidirectional import attention_mask_dtype, diffusion_block_size, diffusion_config, make_bidirectional
 from ..models.scoring import chunked_token_logps_at, completion_token_logps
+from ..models.engines import model_config, unwrap_model
 from .estimators import (
     ESTIMATORS,
     estimator_candidates,
@@ -177,7 +177,10 @@ class RLDFLoss:
 
     def sampling_settings(self):
         """The settings of the sampler that made the rollouts (:attr:`sampler_config`)."""
-        return self.args.diffusion_generation_config() if self.sampler_config is None else self.sampler_config
+        if self.sampler_config is not None:
+            return self.sampler_config
+        # No sampler bound (a loss used on its own): the arguments' sampling settings; the block length is not read.
+        return self.args.diffusion_generation_config(block_length=self.args.max_completion_length)
 
     # -------------------------------------------------------------------------------------------- rollout side
     def prepare_model(self, model) -> None:
@@ -193,13 +196,25 @@ class RLDFLoss:
         """Adjust the model once TRL has wrapped it (with ``peft_config``, its PEFT adapters exist only now), before
         the engine shards it. Nothing to do for masked diffusion."""
 
-    def check_model(self, model) -> None:
-        if is_diffusion_gemma(model):
+    corrects_rollout_mismatch = True
+    """Whether this loss can apply ``rollout_importance_sampling_correction`` (refused at init when not)."""
+
+    def check_model_kind(self, model) -> None:
+        """Refuse a model this loss cannot score (here: one without a mask token)."""
+        if getattr(model_config(model), "mask_token_id", None) is None:
             raise ValueError(
-                f"{type(self).__name__} scores masked-diffusion states; DiffusionGemma (uniform-noise diffusion) has its "
-                "own loss and sampler: pass loss=DiffusionGemmaRLDFLoss(args) (dllm_trl.losses) and "
-                "sampler=DiffusionGemmaSampler(...) (dllm_trl.generation)."
+                f"{type(self).__name__} scores masked-diffusion states, and this {type(unwrap_model(model)).__name__} "
+                "has no config.mask_token_id: load a masked-diffusion LM with load_diffusion_model(...), or let the "
+                "trainer pick the loss of the model's family (leave loss= unset)."
             )
+
+    def check_model(self, model) -> None:
+        """Refuse, at init, a model or setting this loss cannot train: the model's kind (:meth:`check_model_kind`),
+        the estimator, the block-diffusion forms, the rollout-mismatch correction."""
+        self.check_model_kind(model)
+        if self.args.rollout_importance_sampling_correction and not self.corrects_rollout_mismatch:
+            raise ValueError(f"rollout_importance_sampling_correction=True is not supported by {type(self).__name__}: "
+                             "its rollout has no approximate cache to correct. Leave it False.")
         estimator = self.args.policy_estimator
         if estimator not in self.supported_estimators:
             raise ValueError(

@@ -1,8 +1,7 @@
 """Checkpoint -> bidirectional (or block-causal) transformers model carrying its diffusion properties (SPEC §4, §7).
 
 Names are imported on first use: the sampler needs only :mod:`.bidirectional` and :mod:`.block_attention` (torch),
-not transformers' model classes that :mod:`.loading` imports. :mod:`.pretrained` loads and saves the model of a
-TRL-style script (``ModelConfig`` flags). Random tiny models for tests live in :mod:`dllm_trl.testing`.
+not transformers' model classes that :mod:`.loading` imports. Random tiny models for tests live in :mod:`dllm_trl.testing`.
 """
 
 from __future__ import annotations
@@ -20,14 +19,7 @@ _EXPORTS = {
     **dict.fromkeys(["align_prompt", "block_causal_mask"], "block_attention"),
     **dict.fromkeys(["DIFFUSION_GEMMA_LORA_TARGETS", "merge_tied_adapters", "tie_encoder_adapters"],
                     "diffusion_gemma"),
-    **dict.fromkeys(
-        ["LLADA_KEY_MAPPING", "checkpoint_family", "dream_to_qwen2_config", "fast_dllm_v2_to_qwen2_config",
-         "llada_to_llama_config", "load_diffusion_model", "read_raw_config", "sdar_to_qwen3_config"],
-        "loading",
-    ),
-    **dict.fromkeys(
-        ["check_trainable", "load_model_and_tokenizer", "model_init_kwargs", "save_trained_model"], "pretrained"
-    ),
+    "read_raw_config": "loading",
     **dict.fromkeys(["RoutingCapture", "router_modules"], "routing"),
     **dict.fromkeys(
         ["completion_logits", "completion_token_logps", "selective_log_softmax", "token_logps_at"], "scoring"
@@ -55,16 +47,6 @@ if TYPE_CHECKING:
     )
     from .block_attention import align_prompt, block_causal_mask
     from .diffusion_gemma import DIFFUSION_GEMMA_LORA_TARGETS, merge_tied_adapters, tie_encoder_adapters
-    from .loading import (
-        LLADA_KEY_MAPPING,
-        checkpoint_family,
-        dream_to_qwen2_config,
-        fast_dllm_v2_to_qwen2_config,
-        llada_to_llama_config,
-        load_diffusion_model,
-        read_raw_config,
-        sdar_to_qwen3_config,
-    )
-    from .pretrained import check_trainable, load_model_and_tokenizer, model_init_kwargs, save_trained_model
+    from .loading import read_raw_config
     from .routing import RoutingCapture, router_modules
     from .scoring import completion_logits, completion_token_logps, selective_log_softmax, token_logps_at

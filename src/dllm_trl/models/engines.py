@@ -516,25 +516,3 @@ def adapter_base_model(path: str) -> str | None:
     from peft import PeftConfig
 
     return PeftConfig.from_pretrained(path).base_model_name_or_path
-
-
-def load_adapter(base: nn.Module, path: str, merge: bool = True) -> nn.Module:
-    """The PEFT adapter folder ``path`` on top of ``base``: merged into its weights (a plain transformers model again),
-    or with ``merge=False`` kept as a ``PeftModel`` (a quantised base cannot take merged weights). On DiffusionGemma
-    the encoder adapters are tied to their decoder twins first and each shared weight gets its delta once
-    (:mod:`~dllm_trl.models.diffusion_gemma`; PEFT's own merge would add both)."""
-    from peft import PeftModel
-
-    from ..generation.diffusion_gemma import is_diffusion_gemma
-    from .diffusion_gemma import merge_tied_adapters, tie_encoder_adapters
-
-    model = PeftModel.from_pretrained(base, path)
-    if is_diffusion_gemma(base):
-        for name, param in model.named_parameters():  # saved from a tied model: encoder adapter = decoder adapter
-            twin = name.replace(".encoder.language_model.layers.", ".decoder.layers.")
-            if "lora_" in name and twin != name and not torch.equal(param, model.get_parameter(twin)):
-                raise ValueError(f"{path}: the adapter of {name} differs from its decoder twin's (trained untied); "
-                                 "tying would drop it: load it with PEFT's PeftModel.from_pretrained instead.")
-        if tie_encoder_adapters(model):
-            return merge_tied_adapters(model) if merge else model
-    return model.merge_and_unload() if merge else model

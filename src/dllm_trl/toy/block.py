@@ -26,7 +26,8 @@ from transformers import AutoTokenizer
 
 from ..generation import DiffusionGenerationConfig
 from ..losses.packed_states import pack_block_copies, packed_read_positions
-from ..models import attention_mask_dtype, load_diffusion_model, token_logps_at
+from ..models import attention_mask_dtype, token_logps_at
+from ..families import load_diffusion_model
 from ..testing import build_tiny_sdar
 from .model import TOY_GEN_LENGTH, quiet_progress_bars
 from .pretrain import ToyPretrainConfig, run_pretraining

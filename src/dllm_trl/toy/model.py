@@ -23,7 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as transformers_logging
 
 from ..generation import DiffusionGenerationConfig
-from ..models import load_diffusion_model
+from ..families import load_diffusion_model
 
 TOY_GEN_LENGTH = 8
 """Completion positions: the answer (at most 3 digits), then EOS up to the end (LLaDA's SFT convention)."""

@@ -2,7 +2,7 @@
 
 from ..generation.behaviour import BehaviourCapture
 from .dppo_mask_config import CausalDPPOMaskConfig, DPPOMaskConfig, TrustRegionArguments
-from .dppo_mask_trainer import CausalDPPOMaskTrainer, DiffusionDPPOMaskTrainer, DPPOMaskTrainer
+from .dppo_mask_trainer import DPPO_MASK_TRAINERS, CausalDPPOMaskTrainer, DiffusionDPPOMaskTrainer, DPPOMaskTrainer
 from .rldf_config import RLDFConfig
 from .rldf_trainer import RLDFTrainer
 
@@ -10,6 +10,7 @@ __all__ = [
     "BehaviourCapture",
     "CausalDPPOMaskConfig",
     "CausalDPPOMaskTrainer",
+    "DPPO_MASK_TRAINERS",
     "DPPOMaskConfig",
     "DPPOMaskTrainer",
     "DiffusionDPPOMaskTrainer",

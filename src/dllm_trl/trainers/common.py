@@ -39,7 +39,7 @@ from ..models.integrity import (
     verify_manifest,
     write_manifest,
 )
-from ..models.loading import load_diffusion_model
+from ..families import family_of, load_diffusion_model
 from .safe_runs import (
     OutputDirInUseError,
     TrainingInterrupted,
@@ -144,6 +144,34 @@ def check_prompt_positions(model, prompt_length: int, completion_length: int) ->
             "model never saw those positions. Drop or shorten the long prompts (e.g. dataset.filter on the tokenized "
             "length), or lower max_completion_length."
         )
+
+
+def diffusion_family(model, trainer_name: str):
+    """The model's family (:func:`~dllm_trl.families.family_of`), refused unless it is a diffusion LM's."""
+    family = family_of(model)
+    if family.kind != "diffusion":
+        raise ValueError(
+            f"{trainer_name} trains diffusion LMs, and this {type(unwrap_model(model)).__name__} is a {family.kind} LM "
+            f"(family {family.name!r}: no config.mask_token_id). Load it as a masked-diffusion LM with "
+            "load_diffusion_model(path, mask_token_id=...), or train it as a causal LM with DPPOMaskTrainer / "
+            "CausalDPPOMaskTrainer."
+        )
+    return family
+
+
+def resolve_block_length(args, family, model) -> int:
+    """``args.block_length``, or the family's own when it is ``None``; refused unless it divides
+    ``max_completion_length``."""
+    block_length = args.block_length
+    if block_length is None:
+        block_length = family.block_length(model, args.max_completion_length)
+        if args.max_completion_length % block_length:
+            raise ValueError(
+                f"max_completion_length={args.max_completion_length} must be a multiple of the model's block length "
+                f"{block_length} (block_length=None takes the {family.name} family's: its attention block or canvas): "
+                f"set max_completion_length to a multiple of {block_length}."
+            )
+    return block_length
 
 
 def check_sampler_length(sampler_config, args) -> None:

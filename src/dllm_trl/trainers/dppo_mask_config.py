@@ -211,19 +211,12 @@ class DPPOMaskConfig(TrustRegionArguments, RLDFConfig):
             Diffusion LMs only (SPEC §3.3). `"rollout"`: tokens committed at the sampled step take `μ` from the
             rollout record (the distribution the sampler drew them from, KV-cache approximation included), the
             other targets from `π_old(· | q, o_t)`. `"old"`: every target takes `μ` from `π_old`.
-        block_length (`int` or `None`, *optional*, defaults to `None`):
-            Diffusion block size (see [`RLDFConfig`]). `None` picks 32 when it divides `max_completion_length`,
-            else a single block (causal LMs do not use it).
     """
 
     model_kind: str = field(default="auto", metadata={"help": "'auto' (detect), 'diffusion' or 'causal'."})
     behaviour_source: str = field(
         default="rollout",
         metadata={"help": "Diffusion LMs: μ of tokens committed at the sampled step from the 'rollout' or 'old'."},
-    )
-    block_length: int | None = field(
-        default=None,
-        metadata={"help": "Diffusion block size; None = 32 when it divides max_completion_length, else one block."},
     )
 
     @classmethod
@@ -243,9 +236,6 @@ class DPPOMaskConfig(TrustRegionArguments, RLDFConfig):
             raise ValueError(f"behaviour_source={self.behaviour_source!r}: expected one of {BEHAVIOUR_SOURCES}.")
         if self.rollout_importance_sampling_correction:
             self.check_trust_region_correction()
-        if self.block_length is None:
-            length = self.max_completion_length
-            self.block_length = 32 if length and length % 32 == 0 else length
         super().__post_init__()
 
     def check_trust_region_correction(self) -> None:

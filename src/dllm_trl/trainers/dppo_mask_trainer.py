@@ -8,8 +8,8 @@
   :class:`CausalTrustRegionLoss`.
 * :class:`DiffusionDPPOMaskTrainer` (an :class:`RLDFTrainer`): masked diffusion LMs; RLDF's rollouts, states, targets,
   normalisation and per-step backward with :class:`DiffusionTrustRegionLoss` as the loss object.
-* :class:`DPPOMaskTrainer`: the name users know; it builds the trainer of the model's kind once
-  (``args.model_kind``, ``"auto"`` detects it).
+* :func:`DPPOMaskTrainer`: the name users know, a factory function; it builds the trainer of the model's kind
+  (``args.model_kind``, ``"auto"``: the kind of the model's family).
 """
 
 from __future__ import annotations
@@ -23,14 +23,15 @@ from trl.trainer import grpo_trainer
 from trl.trainer.utils import add_fused_lm_head, create_model_from_path
 
 from ..generation.behaviour import BehaviourCapture, appended_logits_processor
-from ..generation.diffusion_gemma import is_diffusion_gemma
 from ..generation.vllm_rollouts import engine_behaviour, engine_rollouts_class, import_checked_vllm, replaced_attribute
 from ..losses.rollout_mismatch import mismatch_metrics
-from ..losses.trust_region_loss import CausalTrustRegionLoss, DiffusionTrustRegionLoss
-from ..models.bidirectional import diffusion_config, is_bidirectional
+from ..models.bidirectional import is_bidirectional
+from ..losses.trust_region_loss import CausalTrustRegionLoss
 from ..models.engines import unwrap_model
 from ..models.engines import vocab_size as model_vocab_size
-from ..models.loading import checkpoint_family, load_diffusion_model, read_raw_config
+from ..families import family_for_checkpoint, family_of, load_diffusion_model
+from ..families.masked import check_top_k
+from ..models.loading import read_raw_config
 from .common import (
     init_with_reference,
     log_metric_extremes,
@@ -50,47 +51,27 @@ OLD_BEHAVIOUR_KEYS = ("old_topk_ids", "old_topk_logps", "old_behaviour_logps")
 
 
 def detect_model_kind(model) -> str:
-    """``"diffusion"`` for DiffusionGemma and for a model carrying the diffusion properties (``config.mask_token_id``
-    plus the marks :func:`~dllm_trl.models.set_diffusion_properties` leaves), ``"causal"`` otherwise."""
-    if is_diffusion_gemma(model):
-        return "diffusion"
-    config = getattr(model, "config", None)
-    if getattr(config, "mask_token_id", None) is None:
-        return "causal"
-    if hasattr(config, "diffusion_logit_shift"):
-        return "diffusion"
+    """``"diffusion"`` or ``"causal"``: the kind of the model's family (:func:`~dllm_trl.families.family_of`)."""
+    return family_of(model).kind
+
+
+def _attends_bidirectionally(model) -> bool:
     try:
-        return "diffusion" if is_bidirectional(model) else "causal"
-    except TypeError:
-        return "causal"
-
-
-DIFFUSION_GEMMA_PIECES = (
-    "DiffusionGemma is uniform-noise diffusion (no mask token), so the default masked-diffusion loss and sampler do "
-    "not apply: pass loss=DiffusionGemmaTrustRegionLoss(args, vocab_size) (dllm_trl.losses) and "
-    "sampler=DiffusionGemmaSampler(DiffusionGemmaSamplerConfig(gen_length=args.max_completion_length, ...)) "
-    "(dllm_trl.generation) to DPPOMaskTrainer / DiffusionDPPOMaskTrainer."
-)
+        return is_bidirectional(model)
+    except TypeError:  # no attention modules it knows: not a masked-diffusion LM it made bidirectional
+        return False
 
 
 def _load_model(name_or_path: str, args: DPPOMaskConfig):
+    """A checkpoint as the trainer of ``args.model_kind`` needs it (``"auto"``: its family's kind)."""
     init_kwargs = dict(args.model_init_kwargs or {})
     kind = args.model_kind
     if kind == "auto":
         hub = {k: init_kwargs[k] for k in ("revision", "token", "cache_dir") if k in init_kwargs}
-        raw = read_raw_config(name_or_path, **hub)
-        marked = raw.get("mask_token_id") is not None and "diffusion_logit_shift" in raw
-        kind = "diffusion" if checkpoint_family(raw) != "causal" or marked else "causal"
+        kind = family_for_checkpoint(read_raw_config(name_or_path, **hub)).kind
     if kind == "diffusion":
         return load_diffusion_model(name_or_path, **init_kwargs)
     return create_model_from_path(name_or_path, **init_kwargs)
-
-
-def _check_top_k(args, vocab_size: int) -> None:
-    if args.divergence_top_k > vocab_size:
-        raise ValueError(
-            f"divergence_top_k={args.divergence_top_k} exceeds the {vocab_size} tokens the policy can sample; lower it."
-        )
 
 
 def _fit_width(x: torch.Tensor, width: int, fill) -> torch.Tensor:
@@ -120,13 +101,8 @@ class DiffusionDPPOMaskTrainer(RLDFTrainer):
         super().__init__(model, reward_funcs=reward_funcs, args=args, **kwargs)
 
     def make_loss(self, args, model):
-        if is_diffusion_gemma(model):
-            raise ValueError(DIFFUSION_GEMMA_PIECES)
-        config = diffusion_config(model)
-        usable = model_vocab_size(model) - 1  # diffusion samplers never draw the mask token
-        _check_top_k(args, usable)
-        return DiffusionTrustRegionLoss(args, usable, None, config.mask_token_id,
-                                        1 if getattr(config, "diffusion_logit_shift", False) else 0)
+        """The trust-region loss of the model's family."""
+        return self.family.trust_region_loss(args, model)
 
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
@@ -167,18 +143,14 @@ class CausalDPPOMaskTrainer(SafeRunMixin, GRPOTrainer):
         use_vllm = getattr(args, "use_vllm", False)
         if use_vllm:
             import_checked_vllm()
-        vllm_hint = " vLLM rolls out causal LMs only (use_vllm=True is not supported for it)." if use_vllm else ""
-        if is_diffusion_gemma(model):
-            raise ValueError(f"model_kind='causal' but the model is DiffusionGemma.{vllm_hint} {DIFFUSION_GEMMA_PIECES}")
-        if getattr(getattr(model, "config", None), "mask_token_id", None) is not None:
-            try:
-                if is_bidirectional(model):
-                    raise ValueError("model_kind='causal' but the model attends bidirectionally (a diffusion LM)."
-                                     + vllm_hint)
-            except TypeError:
-                pass
+        family = family_of(model)
+        if family.kind != "causal" and (not family.trains_as_causal_lm or _attends_bidirectionally(model)):
+            vllm_hint = " vLLM rolls out causal LMs only (use_vllm=True is not supported for it)." if use_vllm else ""
+            raise ValueError(f"model_kind='causal' but the model is a diffusion LM (family {family.name!r}).{vllm_hint} "
+                             "Train it with DPPOMaskTrainer(args=DPPOMaskConfig(...)) (model_kind='auto' or "
+                             "'diffusion'), which builds DiffusionDPPOMaskTrainer with the family's sampler and loss.")
         vocab_size = model_vocab_size(model)
-        _check_top_k(args, vocab_size)
+        check_top_k(args, vocab_size)
         self.loss = CausalTrustRegionLoss(args, vocab_size, args.temperature)
         with self._engine_rollouts(args) if use_vllm else contextlib.nullcontext():
             reference = init_with_reference(self, super().__init__, model, args, load=create_model_from_path,
@@ -292,33 +264,27 @@ class CausalDPPOMaskTrainer(SafeRunMixin, GRPOTrainer):
         return loss
 
 
-class _EitherKind(type):
-    """``isinstance(trainer, DPPOMaskTrainer)`` holds for the trainer of either kind it builds."""
-
-    def __instancecheck__(cls, instance) -> bool:
-        return isinstance(instance, (DiffusionDPPOMaskTrainer, CausalDPPOMaskTrainer))
-
-
-class DPPOMaskTrainer(metaclass=_EitherKind):
-    """GRPO-style trainer with the (predictive) divergence trust-region mask of SPEC §3, for either model kind.
+def DPPOMaskTrainer(model, reward_funcs=None, args: DPPOMaskConfig | CausalDPPOMaskConfig | None = None, **kwargs):
+    """GRPO-style training with the (predictive) divergence trust-region mask of SPEC §3, for either model kind: builds
+    and returns the trainer of the model's kind — :class:`DiffusionDPPOMaskTrainer` or :class:`CausalDPPOMaskTrainer`
+    (``trainer.model_kind`` says which). A factory function, as ``AutoModel`` is a factory of models.
 
     Args mirror [`~trl.GRPOTrainer`]. ``model`` is a causal LM or a diffusion LM (see
-    [`~dllm_trl.load_diffusion_model`]), an object or a name/path; ``args.model_kind`` says which (``"auto"`` detects
-    it, see :func:`detect_model_kind`). Building one returns the trainer of that kind, once:
-    :class:`DiffusionDPPOMaskTrainer` or :class:`CausalDPPOMaskTrainer` (``trainer.model_kind`` says which).
+    [`~dllm_trl.load_diffusion_model`]), an object or a name/path; ``args.model_kind`` says which (``"auto"``: the kind
+    of the model's family, :mod:`dllm_trl.families`). A [`CausalDPPOMaskConfig`] always builds the causal trainer.
     """
+    if args is None:
+        args = DPPOMaskConfig("dppo-mask-output")
+    if isinstance(args, CausalDPPOMaskConfig):
+        return CausalDPPOMaskTrainer(model, reward_funcs=reward_funcs, args=args, **kwargs)
+    if not isinstance(args, DPPOMaskConfig):
+        raise TypeError(f"args must be a DPPOMaskConfig or CausalDPPOMaskConfig, got {type(args).__name__}.")
+    if isinstance(model, str):
+        model = _load_model(model, args)
+    kind = detect_model_kind(model) if args.model_kind == "auto" else args.model_kind
+    trainer_class = DiffusionDPPOMaskTrainer if kind == "diffusion" else CausalDPPOMaskTrainer
+    return trainer_class(model, reward_funcs=reward_funcs, args=args, **kwargs)
 
-    config_class = DPPOMaskConfig
 
-    def __new__(cls, model, reward_funcs=None, args: DPPOMaskConfig | CausalDPPOMaskConfig | None = None, **kwargs):
-        if args is None:
-            args = DPPOMaskConfig("dppo-mask-output")
-        if isinstance(args, CausalDPPOMaskConfig):
-            return CausalDPPOMaskTrainer(model, reward_funcs=reward_funcs, args=args, **kwargs)
-        if not isinstance(args, DPPOMaskConfig):
-            raise TypeError(f"args must be a DPPOMaskConfig, got {type(args).__name__}.")
-        if isinstance(model, str):
-            model = _load_model(model, args)
-        kind = detect_model_kind(model) if args.model_kind == "auto" else args.model_kind
-        trainer_class = DiffusionDPPOMaskTrainer if kind == "diffusion" else CausalDPPOMaskTrainer
-        return trainer_class(model, reward_funcs=reward_funcs, args=args, **kwargs)
+DPPO_MASK_TRAINERS = (DiffusionDPPOMaskTrainer, CausalDPPOMaskTrainer)
+"""The classes :func:`DPPOMaskTrainer` builds: ``isinstance(trainer, DPPO_MASK_TRAINERS)``."""

@@ -113,8 +113,11 @@ class RLDFConfig(SafeRunArguments, GRPOConfig):
     REINFORCE otherwise). Defaults follow paper 1 App. C where the paper fixes a value.
 
     Parameters:
-        block_length (`int`, *optional*, defaults to `32`):
-            Block size of block-wise diffusion decoding; `max_completion_length` must be a multiple of it.
+        block_length (`int` or `None`, *optional*, defaults to `None`):
+            Block size of block-wise diffusion decoding; `max_completion_length` must be a multiple of it. `None`:
+            the model's own, from its family — the attention block of a block-diffusion model, the canvas of
+            DiffusionGemma, 32 on a bidirectional model (LLaDA, Dream) when it divides `max_completion_length`, else
+            one block of the whole completion.
         unmasking (`str`, *optional*, defaults to `"dynamic"`):
             `"dynamic"` (commit every position above `unmasking_threshold`) or `"static"` (`diffusion_steps`
             steps in total).
@@ -188,7 +191,10 @@ class RLDFConfig(SafeRunArguments, GRPOConfig):
             Stop when a reward function returns `None`, NaN or ±inf (default: log the fraction and warn once).
     """
 
-    block_length: int = field(default=32, metadata={"help": "Block size of block-wise diffusion decoding."})
+    block_length: int | None = field(
+        default=None,
+        metadata={"help": "Block size of block-wise diffusion decoding (None: the model's own, from its family)."},
+    )
     unmasking: str = field(default="dynamic", metadata={"help": "'dynamic' (threshold) or 'static' unmasking."})
     unmasking_threshold: float = field(default=0.9, metadata={"help": "Confidence threshold of dynamic unmasking."})
     diffusion_steps: int | None = field(
@@ -262,7 +268,9 @@ class RLDFConfig(SafeRunArguments, GRPOConfig):
     def __post_init__(self):
         if self.max_completion_length is None or self.max_completion_length <= 0:
             raise ValueError("max_completion_length must be a positive int: it is the diffusion generation length.")
-        if self.block_length <= 0 or self.max_completion_length % self.block_length != 0:
+        if self.block_length is not None and (
+            self.block_length <= 0 or self.max_completion_length % self.block_length != 0
+        ):
             raise ValueError(
                 f"max_completion_length={self.max_completion_length} must be a multiple of "
                 f"block_length={self.block_length}."
@@ -303,8 +311,8 @@ class RLDFConfig(SafeRunArguments, GRPOConfig):
         check_grpo_fields(self, self.refused_grpo_fields())
         super().__post_init__()
         # Validate the sampler settings now rather than at the first rollout, naming this config's fields.
-        try:
-            self.diffusion_generation_config()
+        try:  # (a block length of None is the model's, checked by the trainer: one block stands in for it here)
+            self.diffusion_generation_config(block_length=self.max_completion_length)
         except ValueError as error:
             message = str(error)
             for sampler_name, own_name in _SAMPLER_NAMES.items():
@@ -346,11 +354,17 @@ class RLDFConfig(SafeRunArguments, GRPOConfig):
         """The GRPOConfig fields this config refuses at a non-default value (:data:`GRPO_FIELDS_REFUSED`)."""
         return dict(GRPO_FIELDS_REFUSED)
 
-    def diffusion_generation_config(self, seed: int | None = None) -> DiffusionGenerationConfig:
-        """The sampler settings these arguments describe."""
+    def diffusion_generation_config(self, seed: int | None = None,
+                                    block_length: int | None = None) -> DiffusionGenerationConfig:
+        """The sampler settings these arguments describe; ``block_length`` stands for :attr:`block_length` when that is
+        ``None`` (the trainer passes the model's own, :meth:`~dllm_trl.families.ModelFamily.block_length`)."""
+        block_length = self.block_length if self.block_length is not None else block_length
+        if block_length is None:
+            raise ValueError("block_length=None is the model's own block length, which the trainer resolves from the "
+                             "model's family: pass block_length= here, or set RLDFConfig.block_length.")
         return DiffusionGenerationConfig(
             gen_length=self.max_completion_length,
-            block_length=self.block_length,
+            block_length=block_length,
             unmasking=self.unmasking,
             threshold=self.unmasking_threshold,
             steps=self.diffusion_steps,

@@ -27,9 +27,8 @@ from trl import GRPOTrainer
 from trl.models import unwrap_model_for_generation
 from trl.trainer.utils import pad
 
-from ..generation.samplers import MaskedDiffusionSampler
 from ..losses.rldf import INVALID_STEP
-from ..losses.rldf_loss import RLDFLoss, zero_variance_rows
+from ..losses.rldf_loss import zero_variance_rows
 from ..models.bidirectional import diffusion_block_size, eos_token_ids
 from ..models.engines import (
     LockStep,
@@ -41,9 +40,11 @@ from ..models.engines import (
     paused_gradient_sync,
     prepare_model_buffers,
 )
-from ..models.loading import load_diffusion_model
+from ..families import load_diffusion_model
 from .common import (
     check_prompt_positions,
+    diffusion_family,
+    resolve_block_length,
     check_sampler_length,
     check_training_inputs,
     init_with_reference,
@@ -64,8 +65,11 @@ class RLDFTrainer(SafeRunMixin, GRPOTrainer):
     """GRPO-style trainer for masked diffusion LMs with the RLDF policy loss.
 
     Args mirror [`~trl.GRPOTrainer`]; ``model`` is a diffusion LM object (see [`~dllm_trl.load_diffusion_model`]) or a
-    name/path loaded through it with ``args.model_init_kwargs``. ``sampler``: the rollout (default: block-wise masked
-    diffusion decoding set by ``args``); ``loss``: the loss object (default: :class:`~dllm_trl.losses.RLDFLoss`).
+    name/path loaded through it with ``args.model_init_kwargs``. The model's family (:mod:`dllm_trl.families`) gives
+    the defaults: ``sampler``, the rollout (block-wise masked diffusion decoding set by ``args`` for masked-diffusion
+    LMs, DiffusionGemma's canvases for DiffusionGemma); ``loss``, the loss object (:class:`~dllm_trl.losses.RLDFLoss`,
+    with routing-drift metrics on a mixture-of-experts block-diffusion LM, DiffusionGemma's own); ``args.block_length``
+    (``None``: the family's).
     """
 
     _tag_names = ["trl", "rldf", "diffusion"]
@@ -79,11 +83,13 @@ class RLDFTrainer(SafeRunMixin, GRPOTrainer):
         refuse_unsupported_kwargs("diffusion trainers", kwargs)
         if isinstance(model, str):
             model = load_diffusion_model(model, **dict(args.model_init_kwargs or {}))
+        self.family = diffusion_family(model, type(self).__name__)
+        self.block_length = resolve_block_length(args, self.family, model)
         self.loss = self.make_loss(args, model) if loss is None else loss
         self.loss.check_model(model)
         self.loss.check_peft_config(kwargs.get("peft_config"))
         self.loss.prepare_model(model)
-        self.sampler = MaskedDiffusionSampler(args.diffusion_generation_config()) if sampler is None else sampler
+        self.sampler = self.family.sampler(args, model, self.block_length) if sampler is None else sampler
         requests = self.loss.sampler_requests()  # what the loss reads from the rollout's record
         if requests:  # into a copy: the caller's config stays as they built it
             if not dataclasses.is_dataclass(self.sampler.config):
@@ -112,8 +118,8 @@ class RLDFTrainer(SafeRunMixin, GRPOTrainer):
         self._pending_token_norm = False
 
     def make_loss(self, args, model):
-        """The default loss object of this trainer for ``args`` and ``model``."""
-        return RLDFLoss(args)
+        """The default loss object of this trainer for ``args`` and ``model``: its family's RLDF loss."""
+        return self.family.rldf_loss(args, model)
 
     @property
     def diffusion_generation_config(self):

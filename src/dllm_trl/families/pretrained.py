@@ -9,8 +9,8 @@ import torch
 from accelerate import PartialState
 from transformers import AutoTokenizer
 
-from .engines import adapter_base_model, load_adapter
-from .loading import load_diffusion_model
+from ..models.engines import adapter_base_model
+from .loading import load_adapter, load_diffusion_model
 
 if TYPE_CHECKING:
     from trl import ModelConfig
