@@ -91,7 +91,10 @@ def test_every_family_trains_from_its_official_folder_with_nothing_named(
 ):
     path = official_folder(name, tmp_path / name)
     with open(f"{path}/config.json") as f:
-        assert family_for_checkpoint(json.load(f)).name == name
+        raw = json.load(f)
+    assert family_for_checkpoint(raw).name == name
+    claims = [family.name for family in registered_families() if family.matches_checkpoint(raw)]
+    assert claims[0] == name and set(claims[1:]) <= {"masked", "causal"}  # no other family's format is mistaken for it
     args = args_for(tmp_path, model_init_kwargs=init_kwargs)
     assert args.block_length is None
     trainer = RLDFTrainer(model=path, reward_funcs=spread_reward, args=args, train_dataset=addition_dataset(3, 2),
@@ -218,3 +221,19 @@ def test_the_registry_refuses_bad_families(toy_family):
             register_family(family)
     with pytest.raises(ValueError, match="not a family registered by the user"):
         unregister_family("llada")
+
+
+def test_lora_without_target_modules_takes_the_familys(tmp_path):
+    """A LoraConfig naming no target_modules gets the family's (DiffusionGemma: the text attention of the encoder and
+    decoder, which PEFT has no default for); the caller's config is left as built."""
+    from peft import LoraConfig
+
+    path = official_folder("diffusion_gemma", tmp_path / "gemma")
+    lora = LoraConfig(r=2, lora_alpha=4, task_type=None)
+    trainer = RLDFTrainer(model=path, reward_funcs=spread_reward, args=args_for(tmp_path),
+                          train_dataset=addition_dataset(3, 2), processing_class=make_char_tokenizer(), peft_config=lora)
+    adapted = {name.rsplit(".lora_A", 1)[0] for name, _ in trainer.model.named_parameters() if ".lora_A" in name}
+    assert adapted and all(name.split(".")[-1] in ("q_proj", "k_proj", "v_proj", "o_proj") for name in adapted)
+    decoder = [name for name, module in trainer.model.named_modules() if ".decoder." in name and hasattr(module, "lora_A")]
+    assert decoder and not any("vision" in name for name in adapted)  # the decoder's twins, tied to the encoder's
+    assert lora.target_modules is None

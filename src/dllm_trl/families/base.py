@@ -20,8 +20,9 @@ FAMILY_CONFIG_KEY = "diffusion_family"
 
 _REGISTRY: dict[str, ModelFamily] = {}
 _USER_ORDER: list[str] = []  # users' families, the latest registration first: tried before the built-in ones
-BUILTIN_ORDER = ("diffusion_gemma", "llada2", "llada", "dream", "sdar", "fast_dllm_v2", "masked", "causal")
-"""Detection order of the package's families (most specific first; ``causal`` claims everything left)."""
+_BUILTIN: dict[str, ModelFamily] = {}  # the package's own, one per module of this package
+INFRASTRUCTURE_MODULES = ("base", "loading", "pretrained")
+"""Modules of this package that hold no family; every other module holds one."""
 
 
 class ModelFamily:
@@ -93,6 +94,9 @@ class ModelFamily:
         """Granularity of a completion length: ``gen_length`` must be a multiple of it."""
         return 1
 
+    detection_priority: ClassVar[int] = 0
+    """Among the package's families, lower is tried first (a fallback that claims any checkpoint goes last)."""
+
     greedy_decoding: ClassVar[bool] = True
     """Whether the family's decoding has a greedy mode (temperature 0)."""
 
@@ -116,10 +120,9 @@ def register_family(family: ModelFamily | type[ModelFamily]):
     if instance.kind not in ("diffusion", "causal"):
         raise ValueError(f"{type(instance).__name__}.kind={instance.kind!r}: expected 'diffusion' or 'causal'.")
     if type(instance).__module__.startswith(__package__ + "."):  # the package's own
-        if instance.name not in BUILTIN_ORDER:
-            raise ValueError(f"built-in family {instance.name!r} is missing from BUILTIN_ORDER.")
+        _BUILTIN[instance.name] = instance
     else:
-        if instance.name in BUILTIN_ORDER:
+        if instance.name in _BUILTIN or instance.name in _builtin_names():
             raise ValueError(f"{type(instance).__name__}.name={instance.name!r} is a built-in family's name: choose "
                              "another (a user's family is tried before the built-in ones anyway).")
         if instance.name in _USER_ORDER:
@@ -138,9 +141,11 @@ def unregister_family(name: str) -> None:
 
 
 def registered_families() -> list[ModelFamily]:
-    """The registered families in detection order: the user's (latest first), then :data:`BUILTIN_ORDER`."""
+    """The registered families in detection order: the user's (latest first), then the package's own by
+    :attr:`~ModelFamily.detection_priority`."""
     _load_builtin_families()
-    return [_REGISTRY[name] for name in _USER_ORDER] + [_REGISTRY[name] for name in BUILTIN_ORDER]
+    builtin = sorted(_BUILTIN.values(), key=lambda family: (family.detection_priority, family.name))
+    return [_REGISTRY[name] for name in _USER_ORDER] + builtin
 
 
 def family_named(name: str) -> ModelFamily:
@@ -172,11 +177,24 @@ def family_of(model) -> ModelFamily:
     raise ValueError(f"no registered model family recognises {type(model).__name__}.")
 
 
+def _builtin_names() -> list[str]:
+    """The modules of this package that hold a family (named as their family)."""
+    import pkgutil
+    from pathlib import Path
+
+    return [module.name for module in pkgutil.iter_modules([str(Path(__file__).parent)])
+            if module.name not in INFRASTRUCTURE_MODULES]
+
+
 def _load_builtin_families() -> None:
     """Import the package's family modules once (each registers its family when imported)."""
-    if all(name in _REGISTRY for name in BUILTIN_ORDER):
+    names = _builtin_names()
+    if all(name in _BUILTIN for name in names):
         return
     import importlib
 
-    for name in BUILTIN_ORDER:
+    for name in names:
         importlib.import_module(f".{name}", __package__)
+    missing = sorted(set(names) - set(_BUILTIN))
+    if missing:
+        raise RuntimeError(f"dllm_trl.families modules {missing} register no family of their own name.")

@@ -17,6 +17,7 @@ class CausalFamily(ModelFamily):
 
     name = "causal"
     kind = "causal"
+    detection_priority = 100  # it claims anything: tried last
 
     def matches_checkpoint(self, raw_config: dict) -> bool:
         return True

@@ -144,6 +144,7 @@ class GenericMaskedFamily(MaskedDiffusionFamily):
     diffusion marks): loaded with its transformers class, its saved properties (overridable) restored."""
 
     name = "masked"
+    detection_priority = 90  # after the families whose official formats it could be mistaken for
 
     def matches_checkpoint(self, raw_config: dict) -> bool:
         return raw_config.get("mask_token_id") is not None and "diffusion_logit_shift" in raw_config

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import os
 import shutil
 import signal
@@ -172,6 +173,16 @@ def resolve_block_length(args, family, model) -> int:
                 f"set max_completion_length to a multiple of {block_length}."
             )
     return block_length
+
+
+def with_family_lora_targets(kwargs: dict, family) -> dict:
+    """``kwargs`` with a ``peft_config`` that names no ``target_modules`` given the family's
+    (:attr:`~dllm_trl.families.ModelFamily.lora_target_modules`), on a copy; PEFT's own default otherwise."""
+    peft_config = kwargs.get("peft_config")
+    targets = family.lora_target_modules
+    if peft_config is None or targets is None or getattr(peft_config, "target_modules", "unset") is not None:
+        return kwargs
+    return {**kwargs, "peft_config": dataclasses.replace(peft_config, target_modules=targets)}
 
 
 def check_sampler_length(sampler_config, args) -> None:

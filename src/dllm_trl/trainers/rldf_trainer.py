@@ -45,6 +45,7 @@ from .common import (
     check_prompt_positions,
     diffusion_family,
     resolve_block_length,
+    with_family_lora_targets,
     check_sampler_length,
     check_training_inputs,
     init_with_reference,
@@ -85,6 +86,7 @@ class RLDFTrainer(SafeRunMixin, GRPOTrainer):
             model = load_diffusion_model(model, **dict(args.model_init_kwargs or {}))
         self.family = diffusion_family(model, type(self).__name__)
         self.block_length = resolve_block_length(args, self.family, model)
+        kwargs = with_family_lora_targets(kwargs, self.family)
         self.loss = self.make_loss(args, model) if loss is None else loss
         self.loss.check_model(model)
         self.loss.check_peft_config(kwargs.get("peft_config"))
