@@ -49,7 +49,7 @@ import torch
 from transformers import DynamicCache
 
 from ..models.engines import LockStep, forward_replacing, unwrap_model
-from .sampler import NEVER_COMMITTED, DiffusionGenerationOutput, completion_mask_to_eos
+from .masked_diffusion import NEVER_COMMITTED, DiffusionGenerationOutput, completion_mask_to_eos
 from .trajectory import DenoisingSteps
 
 SELF_CONDITIONING_CARRIERS = ("embedding", "logits")

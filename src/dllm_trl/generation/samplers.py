@@ -8,7 +8,7 @@ import torch
 from ..models.bidirectional import diffusion_block_size
 from .config import DiffusionGenerationConfig
 from .diffusion_gemma import is_diffusion_gemma
-from .sampler import DiffusionGenerationOutput, check_block_decoding, diffusion_generate
+from .masked_diffusion import DiffusionGenerationOutput, check_block_decoding, diffusion_generate
 
 
 class MaskedDiffusionSampler:

@@ -41,7 +41,7 @@ from .rollout_mismatch import (
     recorded_targets,
     sampling_logps_view,
 )
-from .rldf import (
+from .rldf_terms import (
     INVALID_STEP,
     clean_target_mask,
     corrected_k3_kl,
