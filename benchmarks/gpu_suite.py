@@ -42,25 +42,10 @@ from types import SimpleNamespace
 import torch
 
 import rollout
+from device_memory import peak_gib, sync
 
 HERE = Path(__file__).resolve().parent
 GPU, CPU = "gpu", "cpu"
-
-
-def sync(device):
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
-
-
-@contextlib.contextmanager
-def peak_gib(device, into: dict):
-    """Peak allocated device memory inside the block (GiB), written to ``into["peak"]`` (NaN on CPU)."""
-    is_cuda = torch.device(device).type == "cuda"
-    if is_cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-    yield
-    into["peak"] = torch.cuda.max_memory_allocated() / 2**30 if is_cuda else float("nan")
 
 
 def rollout_args(kind: str, shape: str, **overrides) -> SimpleNamespace:

@@ -580,7 +580,7 @@ def test_peft_config_given_to_the_trainer_gets_tied_adapters(tmp_path):
     trainer.save_model(str(tmp_path / "saved"))
     assert (tmp_path / "saved" / "adapter_config.json").is_file()
     # Loading the saved adapter merges each shared weight's delta once: the merged model decodes as the trained one.
-    from dllm_trl.models.engines import load_adapter
+    from dllm_trl.models.pretrained import load_adapter
 
     merged = load_adapter(toy_model()[0], str(tmp_path / "saved")).eval()
     assert type(merged).__name__ == "DiffusionGemmaForBlockDiffusion"

@@ -102,7 +102,7 @@ class DiffusionLM(LM):
         super().__init__()
         from trl import ModelConfig
 
-        from ..generation.diffusion_gemma import is_diffusion_gemma
+        from ..models.diffusion_gemma import is_diffusion_gemma
         from ..models import load_model_and_tokenizer
         from ..toy import toy_assets_dir
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from ..models.bidirectional import diffusion_block_size
+from ..models.diffusion_gemma import is_diffusion_gemma
 from .config import DiffusionGenerationConfig
-from .diffusion_gemma import is_diffusion_gemma
 from .masked_diffusion import DiffusionGenerationOutput, check_block_decoding, diffusion_generate
 
 

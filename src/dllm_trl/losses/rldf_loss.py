@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..generation.diffusion_gemma import is_diffusion_gemma
 from ..models.bidirectional import attention_mask_dtype, diffusion_block_size, diffusion_config, make_bidirectional
+from ..models.diffusion_gemma import is_diffusion_gemma
 from ..models.scoring import chunked_token_logps_at, completion_token_logps
 from .estimators import (
     ESTIMATORS,

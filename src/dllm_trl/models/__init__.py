@@ -18,7 +18,7 @@ _EXPORTS = {
         "bidirectional",
     ),
     **dict.fromkeys(["align_prompt", "block_causal_mask"], "block_attention"),
-    **dict.fromkeys(["DIFFUSION_GEMMA_LORA_TARGETS", "merge_tied_adapters", "tie_encoder_adapters"],
+    **dict.fromkeys(["DIFFUSION_GEMMA_LORA_TARGETS", "is_diffusion_gemma", "merge_tied_adapters", "tie_encoder_adapters"],
                     "diffusion_gemma"),
     **dict.fromkeys(
         ["LLADA_KEY_MAPPING", "checkpoint_family", "dream_to_qwen2_config", "fast_dllm_v2_to_qwen2_config",
@@ -54,7 +54,12 @@ if TYPE_CHECKING:
         set_diffusion_properties,
     )
     from .block_attention import align_prompt, block_causal_mask
-    from .diffusion_gemma import DIFFUSION_GEMMA_LORA_TARGETS, merge_tied_adapters, tie_encoder_adapters
+    from .diffusion_gemma import (
+        DIFFUSION_GEMMA_LORA_TARGETS,
+        is_diffusion_gemma,
+        merge_tied_adapters,
+        tie_encoder_adapters,
+    )
     from .loading import (
         LLADA_KEY_MAPPING,
         checkpoint_family,

@@ -10,8 +10,7 @@ Trainers, the sampler and the scoring passes reach the model only through this m
   runs only at the positions the caller reads;
 * :func:`forward_replacing` runs a computation of many submodule calls inside that one forward (same reasons);
 * :func:`paused_gradient_sync` / :func:`backward_without_step` / :func:`backward_syncs_every_call` are what a trainer
-  needs to backpropagate one sampled step at a time under each engine;
-* :func:`adapter_base_model` / :func:`load_adapter` read a PEFT adapter folder and put it on its base model.
+  needs to backpropagate one sampled step at a time under each engine.
 """
 
 from __future__ import annotations
@@ -505,36 +504,3 @@ def prepare_frozen_model(module: nn.Module, accelerator) -> nn.Module:
     if is_fsdp(accelerator):
         return prepare_fsdp(module, accelerator)
     return accelerator.prepare_model(module, evaluation_mode=True)
-
-
-def adapter_base_model(path: str) -> str | None:
-    """The base model that the PEFT adapter folder ``path`` was trained on; ``None`` when ``path`` holds no adapter."""
-    import os
-
-    if not os.path.isfile(os.path.join(path, "adapter_config.json")):
-        return None
-    from peft import PeftConfig
-
-    return PeftConfig.from_pretrained(path).base_model_name_or_path
-
-
-def load_adapter(base: nn.Module, path: str, merge: bool = True) -> nn.Module:
-    """The PEFT adapter folder ``path`` on top of ``base``: merged into its weights (a plain transformers model again),
-    or with ``merge=False`` kept as a ``PeftModel`` (a quantised base cannot take merged weights). On DiffusionGemma
-    the encoder adapters are tied to their decoder twins first and each shared weight gets its delta once
-    (:mod:`~dllm_trl.models.diffusion_gemma`; PEFT's own merge would add both)."""
-    from peft import PeftModel
-
-    from ..generation.diffusion_gemma import is_diffusion_gemma
-    from .diffusion_gemma import merge_tied_adapters, tie_encoder_adapters
-
-    model = PeftModel.from_pretrained(base, path)
-    if is_diffusion_gemma(base):
-        for name, param in model.named_parameters():  # saved from a tied model: encoder adapter = decoder adapter
-            twin = name.replace(".encoder.language_model.layers.", ".decoder.layers.")
-            if "lora_" in name and twin != name and not torch.equal(param, model.get_parameter(twin)):
-                raise ValueError(f"{path}: the adapter of {name} differs from its decoder twin's (trained untied); "
-                                 "tying would drop it: load it with PEFT's PeftModel.from_pretrained instead.")
-        if tie_encoder_adapters(model):
-            return merge_tied_adapters(model) if merge else model
-    return model.merge_and_unload() if merge else model

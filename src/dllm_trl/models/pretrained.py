@@ -3,13 +3,15 @@ training or for decoding, and the trained model saved (and pushed) after ``train
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 import torch
 from accelerate import PartialState
+from torch import nn
 from transformers import AutoTokenizer
 
-from .engines import adapter_base_model, load_adapter
+from .diffusion_gemma import is_diffusion_gemma, merge_tied_adapters, tie_encoder_adapters
 from .loading import load_diffusion_model
 
 if TYPE_CHECKING:
@@ -43,17 +45,18 @@ def check_trainable(model_args: ModelConfig) -> None:
 
 
 def load_model_and_tokenizer(model_args: ModelConfig, device: str | None = None):
-    """The diffusion LM named by ``--model_name_or_path`` (the shipped toy checkpoint when none is named) and its
-    tokenizer, loaded as :func:`model_init_kwargs` says.
+    """The diffusion LM named by ``--model_name_or_path`` (required: a script that has a default model names it) and
+    its tokenizer, loaded as :func:`model_init_kwargs` says.
 
     A LoRA adapter folder loads on top of its base model (merged unless quantised). With ``device`` the model is
     moved there and put in eval mode, ready for decoding; without, it is ready for training.
     """
-    from ..toy import toy_assets_dir
-
-    path = model_args.model_name_or_path or str(toy_assets_dir())
     if device is None:
         check_trainable(model_args)
+    path = model_args.model_name_or_path
+    if not path:
+        raise ValueError("model_name_or_path is not set: name the checkpoint to load (--model_name_or_path, a Hub id "
+                         "or a folder; the shipped toy is dllm_trl.toy.toy_assets_dir()).")
     load_kwargs = model_init_kwargs(model_args, device)
     quantized = "quantization_config" in load_kwargs
     base = adapter_base_model(path)
@@ -67,6 +70,34 @@ def load_model_and_tokenizer(model_args: ModelConfig, device: str | None = None)
     if not quantized:
         model = model.to(device)
     return model.eval(), tokenizer
+
+
+def adapter_base_model(path: str) -> str | None:
+    """The base model that the PEFT adapter folder ``path`` was trained on; ``None`` when ``path`` holds no adapter."""
+    if not os.path.isfile(os.path.join(path, "adapter_config.json")):
+        return None
+    from peft import PeftConfig
+
+    return PeftConfig.from_pretrained(path).base_model_name_or_path
+
+
+def load_adapter(base: nn.Module, path: str, merge: bool = True) -> nn.Module:
+    """The PEFT adapter folder ``path`` on top of ``base``: merged into its weights (a plain transformers model again),
+    or with ``merge=False`` kept as a ``PeftModel`` (a quantised base cannot take merged weights). On DiffusionGemma
+    the encoder adapters are tied to their decoder twins first and each shared weight gets its delta once
+    (:mod:`~dllm_trl.models.diffusion_gemma`; PEFT's own merge would add both)."""
+    from peft import PeftModel
+
+    model = PeftModel.from_pretrained(base, path)
+    if is_diffusion_gemma(base):
+        for name, param in model.named_parameters():  # saved from a tied model: encoder adapter = decoder adapter
+            twin = name.replace(".encoder.language_model.layers.", ".decoder.layers.")
+            if "lora_" in name and twin != name and not torch.equal(param, model.get_parameter(twin)):
+                raise ValueError(f"{path}: the adapter of {name} differs from its decoder twin's (trained untied); "
+                                 "tying would drop it: load it with PEFT's PeftModel.from_pretrained instead.")
+        if tie_encoder_adapters(model):
+            return merge_tied_adapters(model) if merge else model
+    return model.merge_and_unload() if merge else model
 
 
 def save_trained_model(trainer, training_args) -> None:

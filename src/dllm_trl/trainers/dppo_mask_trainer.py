@@ -23,11 +23,11 @@ from trl.trainer import grpo_trainer
 from trl.trainer.utils import add_fused_lm_head, create_model_from_path
 
 from ..generation.behaviour import BehaviourCapture, appended_logits_processor
-from ..generation.diffusion_gemma import is_diffusion_gemma
 from ..generation.vllm_rollouts import engine_behaviour, engine_rollouts_class, import_checked_vllm, replaced_attribute
 from ..losses.rollout_mismatch import mismatch_metrics
 from ..losses.trust_region_loss import CausalTrustRegionLoss, DiffusionTrustRegionLoss
 from ..models.bidirectional import diffusion_config, is_bidirectional
+from ..models.diffusion_gemma import is_diffusion_gemma
 from ..models.engines import unwrap_model
 from ..models.engines import vocab_size as model_vocab_size
 from ..models.loading import checkpoint_family, load_diffusion_model, read_raw_config
