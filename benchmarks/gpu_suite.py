@@ -39,6 +39,8 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests/tiny_models.py
+
 import torch
 
 import rollout
@@ -167,7 +169,7 @@ def stage_qlora(kind: str):
     from dllm_trl import DiffusionGenerationConfig, diffusion_generate
     from dllm_trl.losses import sample_timesteps, step_uncertainty
     from dllm_trl.models import set_diffusion_properties
-    from dllm_trl.testing import LLADA_8B_SHAPE, tiny_llada_config
+    from tests.tiny_models import LLADA_8B_SHAPE, tiny_llada_config
 
     gpu = kind == GPU
     device = "cuda" if gpu else "cpu"

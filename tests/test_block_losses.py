@@ -24,7 +24,7 @@ from dllm_trl.losses.packed_states import (
     state_blocks,
 )
 from dllm_trl.losses.rldf_terms import INVALID_STEP
-from dllm_trl.testing import build_tiny_fast_dllm_v2, build_tiny_sdar
+from tests.tiny_models import build_tiny_fast_dllm_v2, build_tiny_sdar
 from dllm_trl.trainers import DPPOMaskConfig, DPPOMaskTrainer, RLDFConfig, RLDFTrainer
 from dllm_trl.losses import rldf_loss as rldf_loss_module
 

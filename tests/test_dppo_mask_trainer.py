@@ -10,7 +10,7 @@ from peft import LoraConfig
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from dllm_trl.losses.rldf_terms import k3_kl
-from dllm_trl.testing import build_tiny_llada
+from tests.tiny_models import build_tiny_llada
 from dllm_trl.trainers import DPPOMaskConfig, DPPOMaskTrainer
 from dllm_trl.trainers.dppo_mask_trainer import appended_logits_processor, detect_model_kind
 

@@ -2,14 +2,14 @@
 
 Names are imported on first use: the sampler needs only :mod:`.bidirectional` and :mod:`.block_attention` (torch),
 not transformers' model classes that :mod:`.loading` imports. :mod:`.pretrained` loads and saves the model of a
-TRL-style script (``ModelConfig`` flags). Random tiny models for tests live in :mod:`dllm_trl.testing`.
+TRL-style script (``ModelConfig`` flags). Random tiny models for tests live in the repository's ``tests/tiny_models.py``.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .._lazy import lazy_exports, moved_names
+from .._lazy import lazy_exports
 
 _EXPORTS = {
     **dict.fromkeys(
@@ -34,12 +34,7 @@ _EXPORTS = {
     ),
 }
 __all__ = sorted(_EXPORTS)
-_lazy_getattr, __dir__ = lazy_exports(__name__, _EXPORTS)
-__getattr__ = moved_names(__name__, dict.fromkeys(
-    ["DREAM_7B_SHAPE", "LLADA2_MINI_SHAPE", "LLADA_8B_SHAPE", "SDAR_8B_SHAPE", "build_tiny_dream", "build_tiny_fast_dllm_v2",
-     "build_tiny_llada", "build_tiny_llada2", "build_tiny_sdar", "tiny_dream_config", "tiny_llada2_config",
-     "tiny_llada_config", "tiny_sdar_config"], "dllm_trl.testing"),
-    fallback=_lazy_getattr)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:
     from .bidirectional import (
