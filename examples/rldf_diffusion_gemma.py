@@ -36,7 +36,8 @@ from dllm_trl import RLDFConfig, RLDFTrainer
 from dllm_trl.data import DatasetArguments
 from dllm_trl.generation import DiffusionGemmaSampler, DiffusionGemmaSamplerConfig
 from dllm_trl.losses import DiffusionGemmaRLDFLoss
-from dllm_trl.models import DIFFUSION_GEMMA_LORA_TARGETS, is_diffusion_gemma, load_model_and_tokenizer, save_trained_model
+from dllm_trl.models import DIFFUSION_GEMMA_LORA_TARGETS, is_diffusion_gemma, load_model_and_tokenizer
+from dllm_trl.models import save_trained_model
 from dllm_trl.prechecks import check_run_setup
 from dllm_trl.rewards import math_reward
 from dllm_trl.toy import load_sudoku_diffusion_gemma_noisy_teacher, sudoku_cell_reward, sudoku_dataset
