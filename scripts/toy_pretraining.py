@@ -395,6 +395,10 @@ def _pretrain_sudoku_diffusion_gemma(output_dir: str | Path, cfg: SudokuPretrain
 
 
 # -- the toy block-diffusion model (SDAR layout) -----------------------------------------------------------------
+# Block-diffusion SFT (the SDAR / Fast-dLLM v2 objective): each response block is masked with its own ratio
+# t ~ U(eps, 1], every noisy block sees the clean blocks before it (one packed forward, the layout of
+# dllm_trl.losses.packed_states), and the loss is the cross-entropy at the masked positions weighted by 1/t.
+
 
 def block_diffusion_loss(
     model,
