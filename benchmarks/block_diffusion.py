@@ -24,7 +24,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import statistics
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests/tiny_models.py
 
 import torch
 
@@ -73,7 +77,7 @@ def build_model(args):
     from transformers import Glm4MoeForCausalLM, Qwen3ForCausalLM
 
     from dllm_trl.models import set_diffusion_properties
-    from dllm_trl.testing import LLADA2_MINI_SHAPE, SDAR_8B_SHAPE, tiny_llada2_config, tiny_sdar_config
+    from tests.tiny_models import LLADA2_MINI_SHAPE, SDAR_8B_SHAPE, tiny_llada2_config, tiny_sdar_config
 
     if "llada2" in args.shape:
         shape = dict(LLADA2_MINI_SHAPE, **(SMALL_LLADA2 if args.shape == "small-llada2" else {}))

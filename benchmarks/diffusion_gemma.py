@@ -23,15 +23,19 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests/tiny_models.py
 
 import torch
 
 from dllm_trl import RLDFConfig
 from dllm_trl.generation import DiffusionGemmaSampler, DiffusionGemmaSamplerConfig
 from dllm_trl.losses import DiffusionGemmaRLDFLoss
-from dllm_trl.testing import DIFFUSION_GEMMA_26B_A4B_SHAPE, build_tiny_diffusion_gemma
-from gpu_suite import peak_gib, sync
+from tests.tiny_models import DIFFUSION_GEMMA_26B_A4B_SHAPE, build_tiny_diffusion_gemma
+from device_memory import peak_gib, sync
 
 SMALL = dict(vocab_size=8192, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, head_dim=64, sliding_window=64, num_experts=8, top_k_experts=2,

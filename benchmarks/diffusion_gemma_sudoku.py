@@ -48,12 +48,12 @@ def parse_args(argv=None):
                         help="Sampler seeds of the held-out evaluation (each decodes every puzzle once).")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads.")
     parser.add_argument("--quick", action="store_true", help="Smoke test: 2 steps, seed 0, 20 puzzles, a temp dir.")
-    parser.add_argument("--output-dir", default=str(REPO / "docs"), help="Where the JSON and table go.")
+    parser.add_argument("--output-dir", default=str(REPO / "docs" / "results"), help="Where the JSON and table go.")
     parser.add_argument("--name", default="diffusion_gemma_sudoku", help="Stem of the output files.")
     args = parser.parse_args(argv)
     if args.quick:
         args.steps, args.seeds, args.eval_size, args.eval_seeds = 2, [0], 20, [0]
-        if args.output_dir == str(REPO / "docs"):
+        if args.output_dir == str(REPO / "docs" / "results"):
             args.output_dir = os.path.join(tempfile.gettempdir(), "dllm_trl_diffusion_gemma_sudoku_quick")
     return args
 

@@ -159,7 +159,7 @@ def parse_args(argv=None):
     parser.add_argument("--eval-size", type=int, default=None,
                         help="Held-out problems for greedy accuracy (default 200; Sudoku: the first 100 test puzzles).")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads.")
-    parser.add_argument("--output-dir", default=str(REPO / "docs"), help="Where the table and plot go.")
+    parser.add_argument("--output-dir", default=str(REPO / "docs" / "results"), help="Where the table and plot go.")
     parser.add_argument("--name", default=None, help="Stem of the output files (estimators / estimators_sudoku).")
     parser.add_argument("--fresh", action="store_true", help="Ignore runs already in the JSON file.")
     parser.add_argument("--report-only", action="store_true", help="Only rewrite the table and plot from the JSON file.")
@@ -183,7 +183,7 @@ def parse_args(argv=None):
         args.configs = args.configs or (["rldf", "sequential", "rldf tau=inf"] if sudoku
                                         else ["rldf", "all_masking", "random_masking+pair"])
         args.name = args.name or f"{stem}_quick"
-        if args.output_dir == str(REPO / "docs"):
+        if args.output_dir == str(REPO / "docs" / "results"):
             args.output_dir = os.path.join(tempfile.gettempdir(), f"dllm_trl_{stem}_quick")
     args.name = args.name or stem
     args.steps = args.steps or (SUDOKU_STEPS if sudoku else 60)

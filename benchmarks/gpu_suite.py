@@ -39,28 +39,15 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests/tiny_models.py
+
 import torch
 
 import rollout
+from device_memory import peak_gib, sync
 
 HERE = Path(__file__).resolve().parent
 GPU, CPU = "gpu", "cpu"
-
-
-def sync(device):
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
-
-
-@contextlib.contextmanager
-def peak_gib(device, into: dict):
-    """Peak allocated device memory inside the block (GiB), written to ``into["peak"]`` (NaN on CPU)."""
-    is_cuda = torch.device(device).type == "cuda"
-    if is_cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-    yield
-    into["peak"] = torch.cuda.max_memory_allocated() / 2**30 if is_cuda else float("nan")
 
 
 def rollout_args(kind: str, shape: str, **overrides) -> SimpleNamespace:
@@ -182,7 +169,7 @@ def stage_qlora(kind: str):
     from dllm_trl import DiffusionGenerationConfig, diffusion_generate
     from dllm_trl.losses import sample_timesteps, step_uncertainty
     from dllm_trl.models import set_diffusion_properties
-    from dllm_trl.testing import LLADA_8B_SHAPE, tiny_llada_config
+    from tests.tiny_models import LLADA_8B_SHAPE, tiny_llada_config
 
     gpu = kind == GPU
     device = "cuda" if gpu else "cpu"

@@ -36,8 +36,12 @@ import argparse
 import contextlib
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests/tiny_models.py
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -94,7 +98,7 @@ def default_dtype(dtype):
 
 
 def model_shape(args) -> tuple[str, dict]:
-    from dllm_trl.testing import DREAM_7B_SHAPE, LLADA_8B_SHAPE
+    from tests.tiny_models import DREAM_7B_SHAPE, LLADA_8B_SHAPE
 
     family, shape = {
         "small": ("llada", dict(LLADA_8B_SHAPE, **SHAPE_OVERRIDES)),
@@ -117,7 +121,7 @@ def build_model(args):
     from transformers import LlamaForCausalLM, Qwen2ForCausalLM
 
     from dllm_trl.models import set_diffusion_properties
-    from dllm_trl.testing import tiny_dream_config, tiny_llada_config
+    from tests.tiny_models import tiny_dream_config, tiny_llada_config
 
     family, shape = model_shape(args)
     make_config, model_cls = (tiny_llada_config, LlamaForCausalLM) if family == "llada" else (tiny_dream_config, Qwen2ForCausalLM)
@@ -333,7 +337,7 @@ def single_process(args):
 
 def compare_main(args):
     """This checkout vs ``args.baseline``, every measurement in a fresh process, interleaved, medians."""
-    from dllm_trl.testing import tiny_dream_config, tiny_llada_config
+    from tests.tiny_models import tiny_dream_config, tiny_llada_config
 
     sides = [Side.baseline(args.baseline), Side.current()]
     unmasking = args.unmasking.split(",")[0]

@@ -58,7 +58,7 @@ def parse_args(argv=None):
                         help="A loss spike is a step this many robust standard deviations from the run's median.")
     parser.add_argument("--eval-size", type=int, default=100, help="Held-out test puzzles for the greedy solve rate.")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads.")
-    parser.add_argument("--output-dir", default=str(REPO / "docs"), help="Where the JSON, table and plot go.")
+    parser.add_argument("--output-dir", default=str(REPO / "docs" / "results"), help="Where the JSON, table and plot go.")
     parser.add_argument("--name", default="estimators_sudoku_targets", help="Stem of the output files.")
     parser.add_argument("--quick", action="store_true", help="Smoke test: 3 steps, seed 0, β 0.04, 20 puzzles.")
     parser.add_argument("--report-only", action="store_true", help="Only rewrite the table and plot from the JSON.")
@@ -67,7 +67,7 @@ def parse_args(argv=None):
         raise SystemExit("--betas: every value must be > 0 (the KL term is what this benchmark watches)")
     if args.quick:
         args.steps, args.seeds, args.betas, args.eval_size = 3, [0], [0.04], 20
-        if args.output_dir == str(REPO / "docs"):
+        if args.output_dir == str(REPO / "docs" / "results"):
             args.output_dir = os.path.join(tempfile.gettempdir(), "dllm_trl_target_stability_quick")
         args.name = f"{args.name}_quick"
     return args

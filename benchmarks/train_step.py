@@ -19,15 +19,19 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import sys
 import threading
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests/tiny_models.py
 
 import torch
 
 from dllm_trl import DiffusionGenerationConfig, diffusion_generate
 from dllm_trl.losses import clean_target_mask, noisy_state, policy_token_terms, sample_timesteps, step_uncertainty
 from dllm_trl.models import completion_token_logps, set_diffusion_properties
-from dllm_trl.testing import LLADA_8B_SHAPE, build_tiny_llada
+from tests.tiny_models import LLADA_8B_SHAPE, build_tiny_llada
 
 
 def parse_args():
@@ -55,7 +59,7 @@ def build_model(args):
         from peft import LoraConfig, get_peft_model
         from transformers import LlamaForCausalLM
 
-        from dllm_trl.testing import tiny_llada_config
+        from tests.tiny_models import tiny_llada_config
 
         shape = dict(LLADA_8B_SHAPE)
         mask_id, eos = shape.pop("mask_token_id"), shape.pop("eos_token_id")

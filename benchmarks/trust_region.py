@@ -40,7 +40,7 @@ Markdown table and a PNG plot::
     python benchmarks/trust_region.py --methods dppo_topk_kl predictive_uni --seeds 0 1
     python benchmarks/trust_region.py --models causal diffusion --rollout-quant none --top-k 4 --delta 0.15 \
         --seeds 0 1 2 3 4 --name trust_region          # the first, uncalibrated study (superseded)
-    python benchmarks/trust_region.py --analysis direction --inputs docs/trust_region_stress_delta0.05.json  # pooled
+    python benchmarks/trust_region.py --analysis direction --inputs docs/results/trust_region_stress_delta0.05.json  # pooled
 
 ``--models diffusion_gemma`` adds the DiffusionGemma Sudoku toy (``load_sudoku_diffusion_gemma()``;
 docs/trust_region.md, "DiffusionGemma column"): the clipped surrogates through :class:`~dllm_trl.RLDFTrainer` with
@@ -131,7 +131,7 @@ def parse_args(argv=None):
                              "the first rollout's reward.")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads.")
     parser.add_argument("--quick", action="store_true", help="Rehearsal: 1 seed, 3 steps, output in a temp dir.")
-    parser.add_argument("--output-dir", default=str(REPO / "docs"), help="Where the JSON, table and plot go.")
+    parser.add_argument("--output-dir", default=str(REPO / "docs" / "results"), help="Where the JSON, table and plot go.")
     parser.add_argument("--name", default=DEFAULT_NAME, help="Stem of the output files (default: the main study's).")
     parser.add_argument("--fresh", action="store_true", help="Ignore runs already in the JSON file.")
     parser.add_argument("--report-only", action="store_true", help="Only rewrite the table and plot from the JSON.")
@@ -156,7 +156,7 @@ def parse_args(argv=None):
         args.steps, args.seeds = 3, args.seeds[:1]
         if args.name == DEFAULT_NAME:
             args.name = "trust_region_quick"
-        if args.output_dir == str(REPO / "docs"):
+        if args.output_dir == str(REPO / "docs" / "results"):
             args.output_dir = os.path.join(tempfile.gettempdir(), "dllm_trl_trust_region_quick")
     return args
 

@@ -24,8 +24,12 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
 from unittest import mock
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests/tiny_models.py
 
 import torch
 
@@ -66,7 +70,7 @@ def measure(spec: dict) -> dict:
     from datasets import Dataset
     from trl import GRPOTrainer
 
-    from dllm_trl.testing import build_tiny_llada
+    from tests.tiny_models import build_tiny_llada
     from dllm_trl.toy import build_toy_tokenizer
     from dllm_trl.trainers import DPPOMaskConfig, DPPOMaskTrainer, RLDFConfig, RLDFTrainer
 

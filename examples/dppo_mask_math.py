@@ -27,7 +27,7 @@ from dllm_trl.prechecks import check_run_setup
 from dllm_trl.data import DatasetArguments
 from dllm_trl.families import check_trainable, load_model_and_tokenizer, model_init_kwargs, save_trained_model
 from dllm_trl.rewards import math_reward
-from dllm_trl.toy import build_toy_tokenizer, toy_dataset, toy_reward, toy_training_defaults
+from dllm_trl.toy import build_toy_tokenizer, toy_assets_dir, toy_dataset, toy_reward, toy_training_defaults
 from dllm_trl.trainers import DPPOMaskConfig, DPPOMaskTrainer
 
 
@@ -58,7 +58,8 @@ def main():
         args.model_init_kwargs = model_init_kwargs(model_args)
         tokenizer = AutoTokenizer.from_pretrained(model, revision=model_args.model_revision, padding_side="left")
     elif args.model_kind != "causal":
-        model, tokenizer = load_model_and_tokenizer(model_args)  # the shipped toy checkpoint
+        model_args.model_name_or_path = str(toy_assets_dir())  # the shipped toy checkpoint
+        model, tokenizer = load_model_and_tokenizer(model_args)
     elif get_quantization_config(model_args) is not None:
         raise ValueError("--load_in_4bit / --load_in_8bit quantise a checkpoint at load; the toy causal LM is built "
                          "in memory: name a causal checkpoint with --model_name_or_path.")

@@ -53,7 +53,7 @@ from dllm_trl.prechecks import check_run_setup
 from dllm_trl.data import DatasetArguments, prepare_dataset, sample_dataset
 from dllm_trl.families import load_model_and_tokenizer, save_trained_model
 from dllm_trl.rewards import code_reward
-from dllm_trl.toy import toy_training_defaults
+from dllm_trl.toy import toy_assets_dir, toy_training_defaults
 
 
 def main():
@@ -62,8 +62,11 @@ def main():
     data_args, training_args, model_args = parser.parse_args_and_config()
     check_run_setup(training_args)
 
+    toy = model_args.model_name_or_path is None
+    if toy:  # no model named: the shipped toy checkpoint
+        model_args.model_name_or_path = str(toy_assets_dir())
     model, tokenizer = load_model_and_tokenizer(model_args)
-    if model_args.model_name_or_path is None and data_args.dataset_name is None:
+    if toy and data_args.dataset_name is None:
         train_dataset = prepare_dataset(sample_dataset("mbpp"), system_prompt=data_args.system_prompt)
         # The toy saw 64 positions and MBPP prompts take ~350 tokens, which the trainer refuses; this run only checks
         # the plumbing (the toy learns nothing on code either way), so the toy is told it may read them.

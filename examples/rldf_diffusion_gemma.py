@@ -35,9 +35,8 @@ from trl import ModelConfig, TrlParser, get_peft_config
 from dllm_trl import RLDFConfig, RLDFTrainer
 from dllm_trl.data import DatasetArguments
 from dllm_trl.generation import DiffusionGemmaSampler, DiffusionGemmaSamplerConfig
-from dllm_trl.generation.diffusion_gemma import is_diffusion_gemma
 from dllm_trl.losses import DiffusionGemmaRLDFLoss
-from dllm_trl.models import DIFFUSION_GEMMA_LORA_TARGETS
+from dllm_trl.models import DIFFUSION_GEMMA_LORA_TARGETS, is_diffusion_gemma
 from dllm_trl.families import load_model_and_tokenizer, save_trained_model
 from dllm_trl.prechecks import check_run_setup
 from dllm_trl.rewards import math_reward

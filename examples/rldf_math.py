@@ -50,7 +50,7 @@ from dllm_trl.prechecks import check_run_setup
 from dllm_trl.data import DatasetArguments
 from dllm_trl.families import load_model_and_tokenizer, save_trained_model
 from dllm_trl.rewards import math_reward
-from dllm_trl.toy import toy_dataset, toy_reward, toy_training_defaults
+from dllm_trl.toy import toy_assets_dir, toy_dataset, toy_reward, toy_training_defaults
 
 
 def main():
@@ -59,8 +59,11 @@ def main():
     data_args, training_args, model_args = parser.parse_args_and_config()
     check_run_setup(training_args)
 
+    toy = model_args.model_name_or_path is None
+    if toy:  # no model named: the shipped toy checkpoint
+        model_args.model_name_or_path = str(toy_assets_dir())
     model, tokenizer = load_model_and_tokenizer(model_args)
-    if model_args.model_name_or_path is None and data_args.dataset_name is None:
+    if toy and data_args.dataset_name is None:
         train_dataset, reward = toy_dataset("train", size=data_args.train_size), toy_reward
     else:
         train_dataset, reward = data_args.load(default_source="math", tokenizer=tokenizer), math_reward

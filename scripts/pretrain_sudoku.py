@@ -12,16 +12,19 @@
 
 Diffusion: paper 1 Eq. (2) on the response (grid ⊕ EOS), the prompt never masked. Causal: next-token
 cross-entropy on the grid and its EOS. DiffusionGemma: uniform-noise denoising of the response as one canvas, half
-the rows self-conditioned (dllm_trl.toy.pretrain.uniform_noise_denoising_loss). Deterministic (fixed seeds, deterministic algorithms, 2 CPU threads), so on
-the same software stack it reproduces the shipped checkpoints; training stops at the first evaluation whose greedy
+the rows self-conditioned (``scripts/toy_pretraining.py``'s uniform_noise_denoising_loss). Deterministic (fixed seeds,
+deterministic algorithms, 2 CPU threads), so on the same software stack it reproduces the shipped checkpoints; training stops at the first evaluation whose greedy
 validation solve rate reaches --target-accuracy.
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
-from dllm_trl.toy.pretrain import SudokuPretrainConfig, pretrain_sudoku, pretraining_cli
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: scripts/ and tests/tiny_models.py
+
+from scripts.toy_pretraining import SudokuPretrainConfig, pretrain_sudoku, pretraining_cli  # noqa: E402
 
 ASSETS = Path(__file__).resolve().parents[1] / "src" / "dllm_trl" / "assets"
 

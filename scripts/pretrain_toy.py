@@ -10,10 +10,12 @@ reaches --target-accuracy.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
-from dllm_trl.toy.pretrain import ToyPretrainConfig, pretrain_toy
-from dllm_trl.toy.pretrain import pretraining_cli
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: scripts/ and tests/tiny_models.py
+
+from scripts.toy_pretraining import ToyPretrainConfig, pretrain_toy, pretraining_cli  # noqa: E402
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parents[1] / "src" / "dllm_trl" / "assets" / "toy"
 

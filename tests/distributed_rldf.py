@@ -36,7 +36,7 @@ from tests.conftest import addition_dataset, length_reward, make_char_tokenizer 
 from dllm_trl import load_diffusion_model  # noqa: E402
 from dllm_trl.generation import DiffusionGemmaSampler, DiffusionGemmaSamplerConfig  # noqa: E402
 from dllm_trl.losses import DiffusionGemmaRLDFLoss  # noqa: E402
-from dllm_trl.testing import build_tiny_llada  # noqa: E402
+from tests.tiny_models import build_tiny_llada  # noqa: E402
 from dllm_trl.trainers import RLDFConfig, RLDFTrainer  # noqa: E402
 
 

@@ -107,7 +107,7 @@ SCENARIO_NAMES = list(SCENARIOS)
 
 def build_model(kind: str, tokenizer):
     """The scenario's tiny random model, built from ``MODEL_SEED`` without touching the global RNG."""
-    from dllm_trl.testing import build_tiny_dream, build_tiny_llada, build_tiny_sdar
+    from tests.tiny_models import build_tiny_dream, build_tiny_llada, build_tiny_sdar
 
     ids = dict(vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id)
     if kind == "causal":

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from dllm_trl.testing import build_tiny_llada2, build_tiny_sdar
+from tests.tiny_models import build_tiny_llada2, build_tiny_sdar
 
 from .conftest import make_char_tokenizer
 from .test_distributed import assert_agrees, launch

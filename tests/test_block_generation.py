@@ -16,7 +16,7 @@ import torch
 
 from dllm_trl import DiffusionGenerationConfig, diffusion_generate
 from dllm_trl.generation.cache import BlockCache, cache_keyword
-from dllm_trl.testing import build_tiny_fast_dllm_v2, build_tiny_sdar
+from tests.tiny_models import build_tiny_fast_dllm_v2, build_tiny_sdar
 
 from .test_generation import EOS, MASK, VOCAB, check_invariants, check_replay, prompts, with_head_bias
 

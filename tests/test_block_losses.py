@@ -23,8 +23,8 @@ from dllm_trl.losses.packed_states import (
     packed_read_positions,
     state_blocks,
 )
-from dllm_trl.losses.rldf import INVALID_STEP
-from dllm_trl.testing import build_tiny_fast_dllm_v2, build_tiny_sdar
+from dllm_trl.losses.rldf_terms import INVALID_STEP
+from tests.tiny_models import build_tiny_fast_dllm_v2, build_tiny_sdar
 from dllm_trl.trainers import DPPOMaskConfig, DPPOMaskTrainer, RLDFConfig, RLDFTrainer
 from dllm_trl.losses import rldf_loss as rldf_loss_module
 

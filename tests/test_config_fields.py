@@ -124,7 +124,7 @@ def test_training_inputs_are_checked_up_front(tmp_path):
 
 
 def make_trainer_with(tmp_path, dataset, tokenizer=None):
-    from dllm_trl.testing import build_tiny_llada
+    from tests.tiny_models import build_tiny_llada
 
     reference = make_char_tokenizer()
     model = build_tiny_llada(vocab_size=len(reference), mask_token_id=reference.mask_token_id,
@@ -134,7 +134,7 @@ def make_trainer_with(tmp_path, dataset, tokenizer=None):
 
 
 def test_dppo_on_a_diffusion_lm_refuses_loss_type(tmp_path):
-    from dllm_trl.testing import build_tiny_llada
+    from tests.tiny_models import build_tiny_llada
     from dllm_trl.trainers import DPPOMaskTrainer
 
     tokenizer = make_char_tokenizer()

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from accelerate.utils import DistributedDataParallelKwargs
 
-from dllm_trl.testing import build_tiny_llada
+from tests.tiny_models import build_tiny_llada
 from dllm_trl.trainers import RLDFConfig, RLDFTrainer
 
 from .conftest import addition_dataset, length_reward, tiny_training_args

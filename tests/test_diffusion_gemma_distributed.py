@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from dllm_trl import load_diffusion_model
-from dllm_trl.testing import build_tiny_diffusion_gemma
+from tests.tiny_models import build_tiny_diffusion_gemma
 
 from .conftest import make_char_tokenizer
 from .test_distributed import assert_agrees, launch
@@ -70,7 +70,7 @@ def test_fsdp2_groups_the_tied_modules(checkpoint):
     """The FSDP2 shard groups formed before accelerate wraps the rest: encoder layer i with decoder layer i, and the
     embeddings, LM head and final norms together; a model without such sharing (LLaDA) gets none."""
     from dllm_trl.models.engines import shared_parameter_groups
-    from dllm_trl.testing import build_tiny_llada
+    from tests.tiny_models import build_tiny_llada
 
     model = load_diffusion_model(checkpoint)
     inner = model.model

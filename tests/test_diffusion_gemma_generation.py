@@ -22,7 +22,7 @@ from dllm_trl.generation.diffusion_gemma import (
     entropy_bound_accept,
     replay_logits,
 )
-from dllm_trl.testing import build_tiny_diffusion_gemma
+from tests.tiny_models import build_tiny_diffusion_gemma
 
 EOS = 63
 PAD = 0
@@ -159,7 +159,7 @@ def test_sampler_refuses_partial_canvases_and_other_models():
     bad = DiffusionGemmaSampler(DiffusionGemmaSamplerConfig(gen_length=CANVAS + 3, **SETTINGS))
     with pytest.raises(ValueError, match="canvas_length=8"):
         bad.check_model(model)
-    from dllm_trl.testing import build_tiny_llada
+    from tests.tiny_models import build_tiny_llada
 
     with pytest.raises(ValueError, match="MaskedDiffusionSampler"):
         sampler().check_model(build_tiny_llada())

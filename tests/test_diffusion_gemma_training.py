@@ -25,7 +25,7 @@ from dllm_trl.generation.diffusion_gemma import cache_keyword
 from dllm_trl.losses import RLDFLoss
 from dllm_trl.losses.diffusion_gemma_loss import DiffusionGemmaRLDFLoss, DiffusionGemmaTrustRegionLoss
 from dllm_trl.models import set_diffusion_properties
-from dllm_trl.testing import build_tiny_diffusion_gemma
+from tests.tiny_models import build_tiny_diffusion_gemma
 from dllm_trl.toy import build_toy_tokenizer, toy_dataset
 
 from .test_diffusion_gemma_generation import PROMPTS, left_padded
@@ -469,7 +469,7 @@ def test_sampler_length_other_than_max_completion_length_is_refused():
 
 
 def make_masked_llada():
-    from dllm_trl.testing import build_tiny_llada
+    from tests.tiny_models import build_tiny_llada
 
     return build_tiny_llada()
 

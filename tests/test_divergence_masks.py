@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from dllm_trl import testing as oracles
+from tests import oracles
 from dllm_trl.losses import divergence_masks as dm
 
 F64 = torch.float64

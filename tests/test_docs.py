@@ -99,8 +99,10 @@ def test_python_blocks_run(path, tmp_path):
     script = tmp_path / f"{path.stem}_blocks.py"
     toy = toy_with_positions(tmp_path / "toy")
     script.write_text("\n\n".join(with_toy_model(block, toy) for block in blocks))
-    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=offline_env(), capture_output=True,
-                          text=True, timeout=600)
+    env = offline_env()  # run from a clone: the blocks may import the repository's tests/tiny_models.py
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     warnings = re.findall(r"^.*\w+Warning: .*$", done.stderr, flags=re.M)
     assert all(any(w in line for w in EXPECTED_WARNINGS) for line in warnings), "\n".join(warnings)

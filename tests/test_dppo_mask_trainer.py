@@ -9,8 +9,8 @@ import torch
 from peft import LoraConfig
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from dllm_trl.losses.rldf import k3_kl
-from dllm_trl.testing import build_tiny_llada
+from dllm_trl.losses.rldf_terms import k3_kl
+from tests.tiny_models import build_tiny_llada
 from dllm_trl.trainers import DPPOMaskConfig, DPPOMaskTrainer
 from dllm_trl.trainers.dppo_mask_trainer import appended_logits_processor, detect_model_kind
 
@@ -375,7 +375,7 @@ def test_diffusion_step_loss_matches_a_full_vocabulary_reference(tmp_path, itera
     """The loss reads the policy only at the targets, chunk by chunk: its value and gradients equal a plain reference
     that builds the full-vocabulary log-softmax of every state (the sampler's distribution: logits / T, mask token
     excluded) and gathers the support from it; on-policy (1 iteration) μ of the other targets is π's own top-K."""
-    from dllm_trl.losses.rldf import noisy_state
+    from dllm_trl.losses.rldf_terms import noisy_state
 
     trainer = make_trainer(tmp_path, tiny_diffusion(), reward=digit_reward, max_steps=1, temperature=0.8,
                            num_iterations=iterations, beta=0.05, clean_target_threshold=0.05, bf16=False)

@@ -21,8 +21,8 @@ import torch
 from datasets import Dataset
 
 from dllm_trl.losses import estimators as est
-from dllm_trl.losses.rldf import INVALID_STEP
-from dllm_trl.testing import build_tiny_llada
+from dllm_trl.losses.rldf_terms import INVALID_STEP
+from tests.tiny_models import build_tiny_llada
 from dllm_trl.trainers import RLDFConfig, RLDFTrainer
 from dllm_trl.losses import rldf_loss as rldf_loss_module
 

@@ -24,7 +24,7 @@ from dllm_trl.families import (
 )
 from dllm_trl.generation import DiffusionGemmaSampler, MaskedDiffusionSampler
 from dllm_trl.losses import DiffusionGemmaRLDFLoss, MoERLDFLoss, RLDFLoss
-from dllm_trl.testing import build_tiny_diffusion_gemma
+from tests.tiny_models import build_tiny_diffusion_gemma
 from dllm_trl.trainers import DiffusionDPPOMaskTrainer, DPPOMaskConfig, DPPOMaskTrainer
 
 from .conftest import addition_dataset, length_reward, make_char_tokenizer

@@ -20,7 +20,7 @@ from transformers import TrainerCallback
 
 from dllm_trl import RLDFTrainer
 from dllm_trl.models.integrity import MANIFEST_NAME, CheckpointError
-from dllm_trl.testing import build_tiny_llada
+from tests.tiny_models import build_tiny_llada
 from dllm_trl.trainers.common import STAGING_DIR, verify_checkpoint
 from dllm_trl.trainers.safe_runs import (
     ABANDONED_PREFIX,

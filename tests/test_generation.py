@@ -25,9 +25,9 @@ from dllm_trl.generation import (
     static_schedule,
 )
 from dllm_trl.generation.cache import CanvasCache, cache_keyword
-from dllm_trl.generation.sampler import _block_window, _logits_at
+from dllm_trl.generation.masked_diffusion import _block_window, _logits_at
 from dllm_trl.models import attention_mask_4d, mask_dtype_for
-from dllm_trl.testing import build_tiny_dream, build_tiny_llada
+from tests.tiny_models import build_tiny_dream, build_tiny_llada
 
 VOCAB, MASK, EOS = 100, 99, 1
 KINDS = ("llada", "dream")

@@ -34,20 +34,3 @@ def test_every_public_name_resolves_to_its_definition(package):
     assert dllm_trl.RLDFTrainer is importlib.import_module("dllm_trl.trainers.rldf_trainer").RLDFTrainer
     with pytest.raises(AttributeError, match="no attribute 'RLDFTrainerr'"):
         package.RLDFTrainerr  # noqa: B018
-
-
-@pytest.mark.parametrize("module, name, home", [
-    ("dllm_trl.cli", "sudoku_rldf_config", "dllm_trl.toy.configs"),
-    ("dllm_trl.cli", "RewardProgressBar", "dllm_trl.callbacks"),
-    ("dllm_trl.cli", "check_report_backends", "dllm_trl.prechecks"),
-    ("dllm_trl.cli", "load_model_and_tokenizer", "dllm_trl.models.pretrained"),
-    ("dllm_trl.models", "build_tiny_llada", "dllm_trl.testing"),
-    ("dllm_trl.toy", "encode_prompts", "dllm_trl.generation"),
-    ("dllm_trl.losses.divergence_masks", "full_kl", "dllm_trl.testing"),
-])
-def test_a_moved_name_says_where_it_lives_now(module, name, home):
-    import importlib
-
-    with pytest.raises(ImportError, match=f"moved to {home}"):
-        exec(f"from {module} import {name}", {})
-    assert hasattr(importlib.import_module(home), name)

@@ -19,7 +19,7 @@ import torch
 
 from dllm_trl import DiffusionGenerationConfig, diffusion_generate
 from dllm_trl.generation import MaskedDiffusionSampler
-from dllm_trl.testing import build_tiny_llada2
+from tests.tiny_models import build_tiny_llada2
 
 from .test_block_generation import assert_same_decoding, run
 from .test_generation import EOS, MASK, VOCAB, check_replay, prompts

@@ -18,7 +18,7 @@ import torch
 from dllm_trl import DiffusionGenerationConfig, diffusion_generate
 from dllm_trl.generation import NEVER_COMMITTED, MaskedDiffusionSampler
 from dllm_trl.losses import INVALID_STEP, MoERLDFLoss
-from dllm_trl.testing import build_tiny_llada2, build_tiny_sdar
+from tests.tiny_models import build_tiny_llada2, build_tiny_sdar
 from dllm_trl.trainers import RLDFConfig, RLDFTrainer
 
 from .conftest import addition_dataset, length_reward, make_char_tokenizer, tiny_training_args

@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from dllm_trl.testing import build_tiny_llada2
+from tests.tiny_models import build_tiny_llada2
 from dllm_trl.trainers import DPPOMaskConfig, DPPOMaskTrainer, RLDFConfig, RLDFTrainer
 
 from .conftest import addition_dataset, length_reward, make_char_tokenizer, tiny_training_args

@@ -11,7 +11,7 @@ import pytest
 import torch
 from peft import LoraConfig
 
-from dllm_trl.testing import build_tiny_llada
+from tests.tiny_models import build_tiny_llada
 from dllm_trl.trainers import RLDFConfig, RLDFTrainer
 
 from .conftest import addition_dataset, length_reward, make_char_tokenizer, tiny_training_args

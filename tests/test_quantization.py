@@ -1,5 +1,5 @@
-"""QLoRA: ``--load_in_4bit`` / ``BitsAndBytesConfig`` is honoured by the loading path every script uses (the toy
-default included), trains the LoRA adapter for real on CPU (bitsandbytes' CPU backend), and is refused where it
+"""QLoRA: ``--load_in_4bit`` / ``BitsAndBytesConfig`` is honoured by the loading path every script uses (on the
+shipped toy checkpoint), trains the LoRA adapter for real on CPU (bitsandbytes' CPU backend), and is refused where it
 cannot apply."""
 
 from __future__ import annotations
@@ -10,11 +10,12 @@ from trl import ModelConfig, get_peft_config
 
 from dllm_trl.families import check_trainable, load_model_and_tokenizer
 from dllm_trl.trainers import RLDFConfig, RLDFTrainer
-from dllm_trl.toy import toy_dataset, toy_training_defaults
+from dllm_trl.toy import toy_assets_dir, toy_dataset, toy_training_defaults
 
 bnb = pytest.importorskip("bitsandbytes")
 
-QLORA = dict(load_in_4bit=True, use_peft=True, lora_target_modules=["q_proj", "v_proj"])
+QLORA = dict(model_name_or_path=str(toy_assets_dir()), load_in_4bit=True, use_peft=True,
+             lora_target_modules=["q_proj", "v_proj"])
 
 
 def digit_sum_reward(completions, **kwargs):
@@ -22,7 +23,13 @@ def digit_sum_reward(completions, **kwargs):
     return [float(sum(ord(ch) for ch in c) % 7) for c in completions]
 
 
-def test_toy_default_loads_in_4bit():
+def test_the_loader_needs_a_model_named():
+    """The library loader has no default model (the toy is the scripts' default, which they name themselves)."""
+    with pytest.raises(ValueError, match="model_name_or_path is not set"):
+        load_model_and_tokenizer(ModelConfig(), "cpu")
+
+
+def test_toy_loads_in_4bit():
     model, _ = load_model_and_tokenizer(ModelConfig(**QLORA))
     layers = [m for m in model.modules() if isinstance(m, bnb.nn.Linear4bit)]
     assert len(layers) == 7 * model.config.num_hidden_layers  # every projection of every layer; the head stays

@@ -24,8 +24,8 @@ from trl import GRPOTrainer
 from dllm_trl import DiffusionGenerationConfig, diffusion_generate
 from dllm_trl.generation import NEVER_COMMITTED
 from dllm_trl.losses import RLDFLoss
-from dllm_trl.losses.rldf import INVALID_STEP, noisy_state, sample_timesteps, step_uncertainty
-from dllm_trl.testing import build_tiny_dream, build_tiny_llada
+from dllm_trl.losses.rldf_terms import INVALID_STEP, noisy_state, sample_timesteps, step_uncertainty
+from tests.tiny_models import build_tiny_dream, build_tiny_llada
 from dllm_trl.toy.tokenizer import build_toy_tokenizer
 from dllm_trl.trainers import RLDFConfig, RLDFTrainer
 

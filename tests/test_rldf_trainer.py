@@ -10,7 +10,7 @@ import torch
 from peft import LoraConfig
 from trl import GRPOTrainer
 
-from dllm_trl.testing import build_tiny_dream, build_tiny_llada
+from tests.tiny_models import build_tiny_dream, build_tiny_llada
 from dllm_trl.trainers import RLDFConfig, RLDFTrainer
 
 from .conftest import addition_dataset, length_reward, make_char_tokenizer, tiny_training_args

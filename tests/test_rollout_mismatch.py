@@ -16,9 +16,9 @@ import torch
 
 from dllm_trl import diffusion_generate
 from dllm_trl.losses import RLDFLoss
-from dllm_trl.losses.rldf import INVALID_STEP, k3_kl, noisy_state
+from dllm_trl.losses.rldf_terms import INVALID_STEP, k3_kl, noisy_state
 from dllm_trl.losses.rollout_mismatch import importance_sampling_ratio
-from dllm_trl.testing import build_tiny_dream, build_tiny_llada, build_tiny_sdar
+from tests.tiny_models import build_tiny_dream, build_tiny_llada, build_tiny_sdar
 from dllm_trl.toy.tokenizer import build_toy_tokenizer
 from dllm_trl.trainers import DPPOMaskConfig, RLDFConfig
 

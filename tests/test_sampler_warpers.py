@@ -22,7 +22,7 @@ from transformers.generation.logits_process import (
 )
 
 from dllm_trl.generation import draw_candidates
-from dllm_trl.testing import build_tiny_llada
+from tests.tiny_models import build_tiny_llada
 
 
 @pytest.fixture(scope="module")

@@ -131,7 +131,7 @@ def test_max_blanks_keeps_exactly_the_easier_puzzles_in_order():
 
 
 def test_pretrain_config_refuses_bad_fields():
-    from dllm_trl.toy.pretrain import SudokuPretrainConfig
+    from scripts.toy_pretraining import SudokuPretrainConfig
 
     with pytest.raises(ValueError, match="max_train_blanks"):
         SudokuPretrainConfig(max_train_blanks=0)

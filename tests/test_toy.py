@@ -14,7 +14,7 @@ from transformers import AutoTokenizer
 
 from dllm_trl import diffusion_generate
 from dllm_trl.generation import encode_prompts
-from dllm_trl.testing import build_tiny_llada
+from tests.tiny_models import build_tiny_llada
 from dllm_trl.toy import (
     TEST_SIZE,
     TOY_GEN_LENGTH,
@@ -28,7 +28,7 @@ from dllm_trl.toy import (
     toy_problems,
     toy_reward,
 )
-from dllm_trl.toy.pretrain import masked_diffusion_loss
+from scripts.toy_pretraining import masked_diffusion_loss
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -15,15 +15,10 @@ from transformers import Qwen3ForCausalLM
 
 from dllm_trl import RLDFTrainer, diffusion_generate
 from dllm_trl.generation import encode_prompts
-from dllm_trl.testing import build_tiny_sdar
+from tests.tiny_models import build_tiny_sdar
 from dllm_trl.toy import evaluate_accuracy, toy_dataset, toy_reward, toy_rldf_config
-from dllm_trl.toy.block import (
-    TOY_BLOCK_SIZE,
-    block_diffusion_loss,
-    load_toy_block,
-    toy_block_assets_dir,
-    toy_block_generation_config,
-)
+from dllm_trl.toy.block import TOY_BLOCK_SIZE, load_toy_block, toy_block_assets_dir, toy_block_generation_config
+from scripts.toy_pretraining import block_diffusion_loss
 
 ROOT = Path(__file__).resolve().parents[1]
 

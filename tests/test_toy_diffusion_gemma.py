@@ -10,7 +10,7 @@ import torch
 from transformers import DiffusionGemmaForBlockDiffusion
 
 from dllm_trl.generation import DiffusionGemmaSampler, encode_prompts
-from dllm_trl.testing import build_tiny_diffusion_gemma
+from tests.tiny_models import build_tiny_diffusion_gemma
 from dllm_trl.toy import (
     SUDOKU_DIFFUSION_GEMMA_STEPS,
     SUDOKU_GEN_LENGTH,
@@ -22,7 +22,7 @@ from dllm_trl.toy import (
     sudoku_diffusion_gemma_sampler_config,
     sudoku_up_to_relabelling_reward,
 )
-from dllm_trl.toy.pretrain import uniform_noise_denoising_loss
+from scripts.toy_pretraining import uniform_noise_denoising_loss
 
 
 # ----------------------------------------------------------------------------------- pre-training objective

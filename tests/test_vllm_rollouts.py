@@ -220,7 +220,7 @@ def test_mu_top_k_equals_a_transformers_rescoring(trainer):
 @pytest.mark.vllm
 def test_a_diffusion_model_with_use_vllm_is_refused_naming_the_fix(tmp_path):
     pytest.importorskip("vllm")
-    from dllm_trl.testing import build_tiny_llada
+    from tests.tiny_models import build_tiny_llada
 
     from .conftest import make_char_tokenizer
 

@@ -24,22 +24,3 @@ def lazy_exports(package: str, exports: dict[str, str]) -> tuple[Callable[[str],
 
     return __getattr__, __dir__
 
-
-class MovedError(ImportError):
-    """A public name that moved: the message says where it lives now (an ImportError, so that ``from … import``
-    shows this message rather than Python's generic one)."""
-
-
-def moved_names(package: str, moved: dict[str, str], fallback: Callable[[str], object] | None = None):
-    """A module-level ``__getattr__`` for ``package`` whose names ``moved[n]`` (the new module) moved away: reading one
-    raises :class:`MovedError` naming its new home; other names go to ``fallback`` (or raise AttributeError)."""
-
-    def __getattr__(name: str):
-        if name in moved:
-            raise MovedError(f"{package}.{name} moved to {moved[name]}: import it from there "
-                             f"(from {moved[name]} import {name}).")
-        if fallback is not None:
-            return fallback(name)
-        raise AttributeError(f"module {package!r} has no attribute {name!r}")
-
-    return __getattr__

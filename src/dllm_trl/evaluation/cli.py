@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..data import load_raw_dataset, prepare_dataset, resolve_format, task_reward
-from ..toy import toy_dataset, toy_reward
+from ..toy import toy_assets_dir, toy_dataset, toy_reward
 from .metrics import check_sampling
 from .reports import markdown_tables, write_results
 from .runner import PAPER_GEN_LENGTHS, TOY_GEN_LENGTHS, evaluate_model
@@ -113,6 +113,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
         tasks = build_tasks(args, toy_model)
     except (ConnectionError, FileNotFoundError) as error:
         parser.exit(2, f"error: {error}\n")
+    if toy_model:  # no model named: the shipped toy checkpoint
+        model_args.model_name_or_path = str(toy_assets_dir())
     model, tokenizer = load_model_and_tokenizer(model_args, device)
     torch.manual_seed(args.seed)
     results = evaluate_model(
@@ -121,7 +123,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
         pass_at=args.pass_at_k,
     )
     settings = dict(
-        model=model_args.model_name_or_path or "toy", datasets=[t.name for t in tasks], gen_lengths=gen_lengths,
+        model="toy" if toy_model else model_args.model_name_or_path, datasets=[t.name for t in tasks],
+        gen_lengths=gen_lengths,
         unmasking=list(args.unmasking), block_length=block_length, threshold=args.threshold,
         tokens_per_step=args.tokens_per_step, cache_mode=args.cache_mode,
         decoding="greedy" if args.temperature == 0 else f"temperature {args.temperature}",

@@ -11,7 +11,12 @@ import dataclasses
 import torch
 from transformers import DiffusionGemmaForBlockDiffusion
 
-from ..models.diffusion_gemma import DIFFUSION_GEMMA_LORA_TARGETS, merge_tied_adapters, tie_encoder_adapters
+from ..models.diffusion_gemma import (
+    DIFFUSION_GEMMA_LORA_TARGETS,
+    is_diffusion_gemma,
+    merge_tied_adapters,
+    tie_encoder_adapters,
+)
 from ..models.engines import model_config, unwrap_model
 from ..models.engines import vocab_size as model_vocab_size
 from .base import ModelFamily, is_model_type, register_family
@@ -20,10 +25,6 @@ from .masked import check_top_k, mark_family
 GENERATION_CONFIG_FIELDS = ("max_denoising_steps", "entropy_bound", "t_min", "t_max", "stability_threshold",
                             "confidence_threshold")
 """Sampler settings read from the model's ``generation_config`` when it has them (what ``model.generate`` uses)."""
-
-
-def is_diffusion_gemma_model(model) -> bool:
-    return getattr(model_config(model), "model_type", None) == "diffusion_gemma"
 
 
 @register_family
@@ -39,7 +40,7 @@ class DiffusionGemmaFamily(ModelFamily):
         return is_model_type(raw_config, "diffusion_gemma") or is_model_type(raw_config, "diffusiongemma")
 
     def matches_model(self, model) -> bool:
-        return is_diffusion_gemma_model(model)
+        return is_diffusion_gemma(model)
 
     def load(self, name_or_path, raw_config, *, mask_token_id=None, logit_shift=None, sampling=None, block_size=None,
              **from_pretrained_kwargs):

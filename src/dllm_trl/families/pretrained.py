@@ -3,13 +3,13 @@ training or for decoding, and the trained model saved (and pushed) after ``train
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 import torch
 from accelerate import PartialState
 from transformers import AutoTokenizer
 
-from ..models.engines import adapter_base_model
 from .loading import load_adapter, load_diffusion_model
 
 if TYPE_CHECKING:
@@ -43,17 +43,18 @@ def check_trainable(model_args: ModelConfig) -> None:
 
 
 def load_model_and_tokenizer(model_args: ModelConfig, device: str | None = None):
-    """The diffusion LM named by ``--model_name_or_path`` (the shipped toy checkpoint when none is named) and its
-    tokenizer, loaded as :func:`model_init_kwargs` says.
+    """The diffusion LM named by ``--model_name_or_path`` (required: a script that has a default model names it) and
+    its tokenizer, loaded as :func:`model_init_kwargs` says.
 
     A LoRA adapter folder loads on top of its base model (merged unless quantised). With ``device`` the model is
     moved there and put in eval mode, ready for decoding; without, it is ready for training.
     """
-    from ..toy import toy_assets_dir
-
-    path = model_args.model_name_or_path or str(toy_assets_dir())
     if device is None:
         check_trainable(model_args)
+    path = model_args.model_name_or_path
+    if not path:
+        raise ValueError("model_name_or_path is not set: name the checkpoint to load (--model_name_or_path, a Hub id "
+                         "or a folder; the shipped toy is dllm_trl.toy.toy_assets_dir()).")
     load_kwargs = model_init_kwargs(model_args, device)
     quantized = "quantization_config" in load_kwargs
     base = adapter_base_model(path)
@@ -67,6 +68,15 @@ def load_model_and_tokenizer(model_args: ModelConfig, device: str | None = None)
     if not quantized:
         model = model.to(device)
     return model.eval(), tokenizer
+
+
+def adapter_base_model(path: str) -> str | None:
+    """The base model that the PEFT adapter folder ``path`` was trained on; ``None`` when ``path`` holds no adapter."""
+    if not os.path.isfile(os.path.join(path, "adapter_config.json")):
+        return None
+    from peft import PeftConfig
+
+    return PeftConfig.from_pretrained(path).base_model_name_or_path
 
 
 def save_trained_model(trainer, training_args) -> None:

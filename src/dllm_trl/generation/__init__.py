@@ -4,7 +4,8 @@ from .behaviour import BehaviourCapture, appended_logits_processor
 from .config import CACHE_MODES, SAMPLING_STYLES, UNMASKING_MODES, DiffusionGenerationConfig
 from .diffusion_gemma import DiffusionGemmaSampler, DiffusionGemmaSamplerConfig
 from .decode import DecodedPrompts, decode_completions, decode_prompts, encode_prompts
-from .sampler import NEVER_COMMITTED, DiffusionGenerationOutput, diffusion_generate, draw_candidates, static_schedule
+from .masked_diffusion import NEVER_COMMITTED, DiffusionGenerationOutput, diffusion_generate, draw_candidates
+from .masked_diffusion import static_schedule
 from .samplers import MaskedDiffusionSampler, RolloutSampler
 from .trajectory import DenoisingSteps
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import DiffusionGenerationConfig
-from .sampler import diffusion_generate
+from .masked_diffusion import diffusion_generate
 
 BatchGenerate = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, int]]
 """``(input_ids, attention_mask) -> (completion_ids, completion_mask, nfe)`` for one batch of encoded prompts."""

@@ -48,8 +48,9 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
+from ..models.diffusion_gemma import is_diffusion_gemma
 from ..models.engines import LockStep, forward_replacing, unwrap_model
-from .sampler import NEVER_COMMITTED, DiffusionGenerationOutput, completion_mask_to_eos
+from .masked_diffusion import NEVER_COMMITTED, DiffusionGenerationOutput, completion_mask_to_eos
 from .trajectory import DenoisingSteps
 
 SELF_CONDITIONING_CARRIERS = ("embedding", "logits")
@@ -117,11 +118,6 @@ class DiffusionGemmaSamplerConfig:
         if self.self_conditioning not in SELF_CONDITIONING_CARRIERS:
             raise ValueError(f"self_conditioning={self.self_conditioning!r}: expected one of "
                              f"{SELF_CONDITIONING_CARRIERS}.")
-
-
-def is_diffusion_gemma(model) -> bool:
-    """Whether ``model`` (through any engine wrapper) is transformers' ``DiffusionGemmaForBlockDiffusion``."""
-    return getattr(getattr(unwrap_model(model), "config", None), "model_type", None) == "diffusion_gemma"
 
 
 def step_temperature(config: DiffusionGemmaSamplerConfig, remaining: int, device) -> torch.Tensor:

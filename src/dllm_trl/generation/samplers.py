@@ -11,7 +11,7 @@ import torch
 from ..models.bidirectional import diffusion_block_size
 from ..models.engines import model_config, unwrap_model
 from .config import DiffusionGenerationConfig
-from .sampler import DiffusionGenerationOutput, check_block_decoding, diffusion_generate
+from .masked_diffusion import DiffusionGenerationOutput, check_block_decoding, diffusion_generate
 
 
 @runtime_checkable

@@ -2,7 +2,7 @@
 trainers call (:class:`RLDFLoss`, :class:`MoERLDFLoss`, :class:`DiffusionTrustRegionLoss`,
 :class:`CausalTrustRegionLoss`, :class:`DiffusionGemmaRLDFLoss`)."""
 
-from .rldf import (
+from .rldf_terms import (
     INVALID_STEP,
     clean_target_mask,
     corrected_k3_kl,

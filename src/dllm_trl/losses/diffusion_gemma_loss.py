@@ -46,9 +46,10 @@ import dataclasses
 
 import torch
 
-from ..generation.diffusion_gemma import is_diffusion_gemma, replay_logits
+from ..generation.diffusion_gemma import replay_logits
+from ..models.diffusion_gemma import is_diffusion_gemma
 from ..models.engines import unwrap_model
-from .rldf import INVALID_STEP, sample_timesteps
+from .rldf_terms import INVALID_STEP, sample_timesteps
 from .rldf_loss import LossCall, RLDFLoss, rollout_entries
 from .trust_region_loss import TrustRegionTerms
 

@@ -4,7 +4,7 @@ Everything here is a stateless function of tensors, batched over tokens of any l
 Only :func:`gather_policy_view` touches the vocabulary axis; the rest works on the truncated support
 ``S = topK(μ) ∪ {a}`` of size ``K + 1`` slots, so the cost at V = 126k-152k is one ``gather`` on the single
 full-vocabulary log-softmax the trainer already computes for ``log π_θ(a)``. The full-vocabulary references the
-tests compare against live in :mod:`dllm_trl.testing`.
+tests compare against live in the repository's ``tests/oracles.py``.
 
 Notation (SPEC §3): ``μ`` behaviour (rollout) distribution, ``π`` current policy, ``a`` sampled token,
 ``r = π(a)/μ(a)``, ``A`` advantage. The masked policy gradient is
@@ -31,7 +31,6 @@ from typing import Literal, NamedTuple
 
 import torch
 
-from .._lazy import moved_names
 from ..models.scoring import head_in_chunks
 
 __all__ = [
@@ -332,7 +331,7 @@ def kl_direction(view: TruncatedView, tail: TailModel = "aggregated") -> torch.T
     * ``uniform`` (paper Eq. 11): the tail mass is spread over the ``V − |S|`` unseen tokens,
       ``g_uni = (π_a − μ_a) − [Σ_S π_v(π_v − μ_v) + π_tail(π_tail − μ_tail)/(V − |S|)]``.
 
-    These estimate the full-vocabulary ``g`` (:func:`dllm_trl.testing.kl_direction_full`); they are not
+    These estimate the full-vocabulary ``g`` (``tests/oracles.py``'s ``kl_direction_full``); they are not
     derivatives of the top-K KL. On a binary view ``g_agg = 2(1 − π_a)(π_a − μ_a)`` (paper App. C).
     """
     w = _tail_weight(view, tail)
@@ -342,7 +341,7 @@ def kl_direction(view: TruncatedView, tail: TailModel = "aggregated") -> torch.T
 
 
 def tv_direction(view: TruncatedView, tail: TailModel = "aggregated") -> torch.Tensor:
-    """Estimate the TV directional derivative (:func:`dllm_trl.testing.tv_direction_full`) from the truncated view.
+    """Estimate the TV directional derivative (``tests/oracles.py``'s ``tv_direction_full``) from the truncated view.
 
     With ``s_v = sign(π_v − μ_v)`` on ``S``, ``s_t = sign(π_tail − μ_tail)`` and
     ``s̄ = Σ_S s_v π_v + s_t π_tail`` (the same under both tail models, since a uniform tail keeps the
@@ -501,6 +500,3 @@ def masked_policy_gradient_terms(
     terms = torch.where(keep, -coef * logp_action, 0.0)
     return terms, w
 
-
-__getattr__ = moved_names(__name__, dict.fromkeys(
-    ["full_kl", "full_tv", "kl_direction_full", "tv_direction_full", "mask_metrics"], "dllm_trl.testing"))

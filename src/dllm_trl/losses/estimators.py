@@ -55,7 +55,7 @@ from __future__ import annotations
 import torch
 
 from .packed_states import in_state_block
-from .rldf import INVALID_STEP, clean_target_mask, noisy_state, sequential_target_mask
+from .rldf_terms import INVALID_STEP, clean_target_mask, noisy_state, sequential_target_mask
 
 ESTIMATORS = ("rldf", "sequential", "all_masking", "random_masking")
 """Values of ``RLDFConfig.policy_estimator``."""
@@ -183,7 +183,7 @@ def estimator_state(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(prompt_ids, completion state)`` of one state per row: ``step`` (B,) is the row's ``sampled_steps`` entry.
 
-    ``rldf`` / ``sequential``: the prompt and ``o_t`` (:func:`~dllm_trl.losses.rldf.noisy_state`). ``all_masking``:
+    ``rldf`` / ``sequential``: the prompt and ``o_t`` (:func:`~dllm_trl.losses.rldf_terms.noisy_state`). ``all_masking``:
     every completion position masked (``o_0``), prompt tokens masked with prob. ``prompt_mask_prob``.
     ``random_masking``: state 0 masks :func:`random_completion_mask`, state 1 exactly the other positions.
     Rows whose entry is padding get some state (the callers skip them).

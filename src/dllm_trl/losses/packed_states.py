@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from ..models.block_attention import align_prompt, block_causal_mask
-from .rldf import INVALID_STEP
+from .rldf_terms import INVALID_STEP
 
 
 def state_blocks(commit_step: torch.Tensor, steps: torch.Tensor, block_size: int) -> torch.Tensor:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..models.bidirectional import attention_mask_dtype, diffusion_block_size, diffusion_config, make_bidirectional
+from ..models.diffusion_gemma import is_diffusion_gemma
 from ..models.scoring import chunked_token_logps_at, completion_token_logps
 from ..models.engines import model_config, unwrap_model
 from .estimators import (
@@ -41,7 +42,7 @@ from .rollout_mismatch import (
     recorded_targets,
     sampling_logps_view,
 )
-from .rldf import (
+from .rldf_terms import (
     INVALID_STEP,
     clean_target_mask,
     corrected_k3_kl,

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import torch
 
-from ..generation.sampler import sampling_log_probs
-from .rldf import INVALID_STEP
+from ..generation.masked_diffusion import sampling_log_probs
+from .rldf_terms import INVALID_STEP
 
 IMPORTANCE_SAMPLING_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 """TRL's ``vllm_importance_sampling_mode`` values, with TRL's meaning."""
@@ -49,7 +49,7 @@ def record_logps(commit_prob: torch.Tensor) -> torch.Tensor:
 def sampling_logps_view(at: torch.Tensor, targets: torch.Tensor, mask_token_id: int, temperature: float,
                         top_p: float | None, top_k: int | None, min_p: float | None):
     """An ``extra_view`` for :func:`~dllm_trl.models.scoring.chunked_token_logps_at`: the sampler's log-probability
-    (:func:`~dllm_trl.generation.sampler.sampling_log_probs`) of ``targets`` (N,) at the read positions where ``at``
+    (:func:`~dllm_trl.generation.masked_diffusion.sampling_log_probs`) of ``targets`` (N,) at the read positions where ``at``
     (N,) is set, 0 elsewhere, without gradient. The head runs on those positions only (on none, it still runs once,
     so that every process calls it alike)."""
 

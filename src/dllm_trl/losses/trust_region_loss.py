@@ -31,7 +31,7 @@ from .divergence_masks import (
     trust_region_mask,
     truncated_view,
 )
-from .rldf import INVALID_STEP, corrected_k3_kl, noisy_state
+from .rldf_terms import INVALID_STEP, corrected_k3_kl, noisy_state
 from .rldf_loss import LossCall, RLDFLoss
 
 MASK_PARTS = ("keep", "div", "direction", "log_ratio", "weights", "from_rollout")

@@ -1,14 +1,14 @@
 """Checkpoint -> bidirectional (or block-causal) transformers model carrying its diffusion properties (SPEC §4, §7).
 
 Names are imported on first use: the sampler needs only :mod:`.bidirectional` and :mod:`.block_attention` (torch),
-not transformers' model classes that :mod:`.loading` imports. Random tiny models for tests live in :mod:`dllm_trl.testing`.
+not transformers' model classes that :mod:`.loading` imports. Random tiny models for tests live in the repository's ``tests/tiny_models.py``.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .._lazy import lazy_exports, moved_names
+from .._lazy import lazy_exports
 
 _EXPORTS = {
     **dict.fromkeys(
@@ -17,7 +17,7 @@ _EXPORTS = {
         "bidirectional",
     ),
     **dict.fromkeys(["align_prompt", "block_causal_mask"], "block_attention"),
-    **dict.fromkeys(["DIFFUSION_GEMMA_LORA_TARGETS", "merge_tied_adapters", "tie_encoder_adapters"],
+    **dict.fromkeys(["DIFFUSION_GEMMA_LORA_TARGETS", "is_diffusion_gemma", "merge_tied_adapters", "tie_encoder_adapters"],
                     "diffusion_gemma"),
     "read_raw_config": "loading",
     **dict.fromkeys(["RoutingCapture", "router_modules"], "routing"),
@@ -26,12 +26,7 @@ _EXPORTS = {
     ),
 }
 __all__ = sorted(_EXPORTS)
-_lazy_getattr, __dir__ = lazy_exports(__name__, _EXPORTS)
-__getattr__ = moved_names(__name__, dict.fromkeys(
-    ["DREAM_7B_SHAPE", "LLADA2_MINI_SHAPE", "LLADA_8B_SHAPE", "SDAR_8B_SHAPE", "build_tiny_dream", "build_tiny_fast_dllm_v2",
-     "build_tiny_llada", "build_tiny_llada2", "build_tiny_sdar", "tiny_dream_config", "tiny_llada2_config",
-     "tiny_llada_config", "tiny_sdar_config"], "dllm_trl.testing"),
-    fallback=_lazy_getattr)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:
     from .bidirectional import (
@@ -46,7 +41,12 @@ if TYPE_CHECKING:
         set_diffusion_properties,
     )
     from .block_attention import align_prompt, block_causal_mask
-    from .diffusion_gemma import DIFFUSION_GEMMA_LORA_TARGETS, merge_tied_adapters, tie_encoder_adapters
+    from .diffusion_gemma import (
+        DIFFUSION_GEMMA_LORA_TARGETS,
+        is_diffusion_gemma,
+        merge_tied_adapters,
+        tie_encoder_adapters,
+    )
     from .loading import read_raw_config
     from .routing import RoutingCapture, router_modules
     from .scoring import completion_logits, completion_token_logps, selective_log_softmax, token_logps_at

@@ -1,4 +1,4 @@
-"""LoRA on DiffusionGemma, whose encoder and decoder share their weights.
+"""DiffusionGemma as a model: :func:`is_diffusion_gemma`, and LoRA on it, whose encoder and decoder share their weights.
 
 ``DiffusionGemmaForBlockDiffusion`` ties each encoder layer's weights to the same decoder layer's (one ``Parameter``,
 two modules). PEFT adapts modules, not parameters, so ``target_modules`` that match both get two independent adapters
@@ -18,12 +18,19 @@ import re
 
 from torch import nn
 
-from .engines import unwrap_peft
+from .engines import unwrap_model, unwrap_peft
 
 DIFFUSION_GEMMA_LORA_TARGETS = r".*(language_model|decoder)\.layers\.\d+\.self_attn\.(q_proj|k_proj|v_proj|o_proj)"
 """PEFT ``target_modules`` (a regex) for LoRA on DiffusionGemma's text attention: the same projections in the encoder
 and the decoder stack (tied by :func:`tie_encoder_adapters`), none in the vision tower (whose projections wrap their
 ``nn.Linear`` in a clipping module PEFT cannot adapt)."""
+
+
+
+def is_diffusion_gemma(model) -> bool:
+    """Whether ``model`` (through any engine wrapper) is transformers' ``DiffusionGemmaForBlockDiffusion``."""
+    return getattr(getattr(unwrap_model(model), "config", None), "model_type", None) == "diffusion_gemma"
+
 
 _ENCODER_LAYER = re.compile(r"^(.*)\.encoder\.language_model\.layers\.(\d+)\.(.+)$")
 

@@ -10,8 +10,7 @@ Trainers, the sampler and the scoring passes reach the model only through this m
   runs only at the positions the caller reads;
 * :func:`forward_replacing` runs a computation of many submodule calls inside that one forward (same reasons);
 * :func:`paused_gradient_sync` / :func:`backward_without_step` / :func:`backward_syncs_every_call` are what a trainer
-  needs to backpropagate one sampled step at a time under each engine;
-* :func:`adapter_base_model` / :func:`load_adapter` read a PEFT adapter folder and put it on its base model.
+  needs to backpropagate one sampled step at a time under each engine.
 """
 
 from __future__ import annotations
@@ -505,14 +504,3 @@ def prepare_frozen_model(module: nn.Module, accelerator) -> nn.Module:
     if is_fsdp(accelerator):
         return prepare_fsdp(module, accelerator)
     return accelerator.prepare_model(module, evaluation_mode=True)
-
-
-def adapter_base_model(path: str) -> str | None:
-    """The base model that the PEFT adapter folder ``path`` was trained on; ``None`` when ``path`` holds no adapter."""
-    import os
-
-    if not os.path.isfile(os.path.join(path, "adapter_config.json")):
-        return None
-    from peft import PeftConfig
-
-    return PeftConfig.from_pretrained(path).base_model_name_or_path

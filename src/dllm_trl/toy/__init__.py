@@ -11,7 +11,6 @@ One call gives a partly competent masked-diffusion LM and its tokenizer::
 produced by ``scripts/pretrain_toy.py``.
 """
 
-from .._lazy import moved_names
 from .configs import TOY_TRAINING_DEFAULTS, sudoku_rldf_config, sudoku_rldf_settings, toy_rldf_config
 from .configs import toy_training_defaults
 from .evaluate import evaluate_accuracy, main
@@ -65,5 +64,3 @@ __all__ = [
     "toy_rldf_config",
     "toy_training_defaults",
 ]
-
-__getattr__ = moved_names(__name__, dict.fromkeys(["encode_prompts", "decode_completions"], "dllm_trl.generation"))

@@ -25,8 +25,8 @@ from trl.trainer.utils import add_fused_lm_head, create_model_from_path
 from ..generation.behaviour import BehaviourCapture, appended_logits_processor
 from ..generation.vllm_rollouts import engine_behaviour, engine_rollouts_class, import_checked_vllm, replaced_attribute
 from ..losses.rollout_mismatch import mismatch_metrics
-from ..models.bidirectional import is_bidirectional
 from ..losses.trust_region_loss import CausalTrustRegionLoss
+from ..models.bidirectional import is_bidirectional
 from ..models.engines import unwrap_model
 from ..models.engines import vocab_size as model_vocab_size
 from ..families import family_for_checkpoint, family_of, load_diffusion_model

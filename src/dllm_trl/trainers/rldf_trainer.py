@@ -27,7 +27,7 @@ from trl import GRPOTrainer
 from trl.models import unwrap_model_for_generation
 from trl.trainer.utils import pad
 
-from ..losses.rldf import INVALID_STEP
+from ..losses.rldf_terms import INVALID_STEP
 from ..losses.rldf_loss import zero_variance_rows
 from ..models.bidirectional import diffusion_block_size, eos_token_ids
 from ..models.engines import (

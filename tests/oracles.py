@@ -1,7 +1,8 @@
 """Full-vocabulary references for the truncated estimators of :mod:`dllm_trl.losses.divergence_masks`, and the per-token
 mask statistics that :class:`~dllm_trl.trainers.DPPOMaskTrainer` logs (``dppo/*``), over one batch in one process.
 
-They read the whole vocabulary ``(..., V)``: exact, and affordable for tests and small vocabularies only.
+They read the whole vocabulary ``(..., V)``: exact, and affordable for tests and small vocabularies only (tests and
+benchmarks import them; not part of the installed package).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import math
 
 import torch
 
-from ..losses.divergence_masks import EPS
+from dllm_trl.losses.divergence_masks import EPS
 
 _LOG_EPS = math.log(EPS)
 

@@ -1,5 +1,6 @@
 """Randomly initialised LLaDA-, Dream-, SDAR-, Fast-dLLM-v2-, LLaDA2- and DiffusionGemma-shaped models, small by
-default (no download), and the published shapes the benchmarks build at full size on a GPU."""
+default (no download), and the published shapes the benchmarks build at full size on a GPU. For tests, benchmarks and
+the toys' pre-training (``scripts/``); not part of the installed package."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCau
 from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion, DiffusionGemmaTextConfig
 from transformers import Gemma4VisionConfig
 
-from ..models.bidirectional import set_diffusion_properties
+from dllm_trl.models.bidirectional import set_diffusion_properties
 
 # Published shapes (SPEC §4), used by the benchmarks' ``--shape`` option.
 LLADA_8B_SHAPE = dict(

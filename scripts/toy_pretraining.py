@@ -1,4 +1,7 @@
-"""Deterministic masked-diffusion pre-training of the toy model (SPEC §1, paper 1 Eq. 2).
+"""The toys' pre-training (``scripts/pretrain_toy.py``, ``pretrain_toy_block.py``, ``pretrain_sudoku.py``): not part of
+the installed package, which ships the checkpoints it wrote (``dllm_trl/assets``).
+
+Deterministic masked-diffusion pre-training of the toy model (SPEC §1, paper 1 Eq. 2).
 
 SFT-style: the prompt is never masked; the response region (the answer followed by EOS up to
 ``TOY_GEN_LENGTH`` positions, LLaDA's convention, EOS positions trained too) is masked token by token with
@@ -18,12 +21,15 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..generation import encode_prompts
-from ..testing import build_tiny_llada
-from .evaluate import evaluate_accuracy
-from .model import TOY_GEN_LENGTH, TOY_MODEL_SHAPE, toy_generation_config
-from .task import toy_dataset, toy_problems
-from .tokenizer import build_toy_tokenizer
+from dllm_trl.generation import encode_prompts
+from dllm_trl.losses.packed_states import pack_block_copies, packed_read_positions
+from dllm_trl.models import attention_mask_dtype, token_logps_at
+from dllm_trl.toy.block import TOY_BLOCK_MODEL_SHAPE, TOY_BLOCK_SIZE, toy_block_generation_config
+from dllm_trl.toy.evaluate import evaluate_accuracy
+from dllm_trl.toy.model import TOY_GEN_LENGTH, TOY_MODEL_SHAPE, toy_generation_config
+from dllm_trl.toy.task import toy_dataset, toy_problems
+from dllm_trl.toy.tokenizer import build_toy_tokenizer
+from tests.tiny_models import build_tiny_llada, build_tiny_sdar
 
 
 @dataclass
@@ -303,11 +309,11 @@ def pretrain_sudoku(output_dir: str | Path, config: SudokuPretrainConfig | None 
         return _pretrain_sudoku_diffusion_gemma(output_dir, config, log)
     from transformers import LlamaForCausalLM
 
-    from ..testing import tiny_llada_config
-    from .model import SUDOKU_GEN_LENGTH, SUDOKU_MODEL_SHAPE, sudoku_generation_config
-    from .sudoku import noisy_teacher_problems, sudoku_dataset, sudoku_problems, sudoku_reward
-    from .sudoku import sudoku_up_to_relabelling_reward
-    from .evaluate import evaluate_causal_accuracy
+    from dllm_trl.toy.evaluate import evaluate_causal_accuracy
+    from dllm_trl.toy.model import SUDOKU_GEN_LENGTH, SUDOKU_MODEL_SHAPE, sudoku_generation_config
+    from dllm_trl.toy.sudoku import noisy_teacher_problems, sudoku_dataset, sudoku_problems, sudoku_reward
+    from dllm_trl.toy.sudoku import sudoku_up_to_relabelling_reward
+    from tests.tiny_models import tiny_llada_config
 
     cfg = config or SudokuPretrainConfig()
     causal = cfg.model_kind == "causal"
@@ -354,13 +360,13 @@ def pretrain_sudoku(output_dir: str | Path, config: SudokuPretrainConfig | None 
 
 
 def _pretrain_sudoku_diffusion_gemma(output_dir: str | Path, cfg: SudokuPretrainConfig, log=print) -> dict:
-    from .evaluate import evaluate_diffusion_gemma_accuracy
-    from .model import SUDOKU_DIFFUSION_GEMMA_SHAPE, SUDOKU_GEN_LENGTH, configure_diffusion_gemma_generation
-    from .sudoku import noisy_teacher_problems, sudoku_dataset, sudoku_problems, sudoku_reward
-    from .sudoku import sudoku_up_to_relabelling_reward
+    from dllm_trl.toy.evaluate import evaluate_diffusion_gemma_accuracy
+    from dllm_trl.toy.model import SUDOKU_DIFFUSION_GEMMA_SHAPE, SUDOKU_GEN_LENGTH, configure_diffusion_gemma_generation
+    from dllm_trl.toy.sudoku import noisy_teacher_problems, sudoku_dataset, sudoku_problems, sudoku_reward
+    from dllm_trl.toy.sudoku import sudoku_up_to_relabelling_reward
 
     def build(tokenizer):
-        from ..testing import build_tiny_diffusion_gemma
+        from tests.tiny_models import build_tiny_diffusion_gemma
 
         model = build_tiny_diffusion_gemma(
             seed=cfg.seed, vocab_size=len(tokenizer) + 3, canvas_length=SUDOKU_GEN_LENGTH,
@@ -386,3 +392,73 @@ def _pretrain_sudoku_diffusion_gemma(output_dir: str | Path, cfg: SudokuPretrain
         train_problems = noisy_teacher_problems(train_problems, cfg.relabel_fraction, seed=cfg.seed)
     return run_pretraining(output_dir, cfg, build, batch_loss, None, log, train_problems=train_problems,
                            gen_length=SUDOKU_GEN_LENGTH, evaluate=evaluate)
+
+
+# -- the toy block-diffusion model (SDAR layout) -----------------------------------------------------------------
+# Block-diffusion SFT (the SDAR / Fast-dLLM v2 objective): each response block is masked with its own ratio
+# t ~ U(eps, 1], every noisy block sees the clean blocks before it (one packed forward, the layout of
+# dllm_trl.losses.packed_states), and the loss is the cross-entropy at the masked positions weighted by 1/t.
+
+
+def block_diffusion_loss(
+    model,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    response_ids: torch.Tensor,
+    mask_token_id: int,
+    block_size: int,
+    generator: torch.Generator | None = None,
+    eps: float = 1e-3,
+) -> torch.Tensor:
+    """Block-diffusion SFT loss: ``t_b ~ U(eps, 1]`` per row and response block ``b``, each response token masked in
+    its block's noisy copy with probability ``t_b``; ``Σ_masked CE / t_b`` over the number of response positions.
+
+    One packed forward: prompt ⊕ the clean response's blocks but the last ⊕ a noisy copy of every block.
+    """
+    rows, length = response_ids.shape
+    blocks = length // block_size
+    device = response_ids.device
+    t = eps + (1 - eps) * torch.rand(rows, blocks, 1, generator=generator, device=device)
+    masked = torch.rand(rows, blocks, block_size, generator=generator, device=device) < t
+    copies = response_ids.view(rows, blocks, block_size).masked_fill(masked, mask_token_id)
+    copy_blocks = torch.arange(blocks, device=device).expand(rows, blocks)
+    packed = pack_block_copies(
+        prompt_ids, prompt_mask, response_ids[:, : (blocks - 1) * block_size], copies, copy_blocks,
+        torch.ones(rows, blocks, dtype=torch.bool, device=device), block_size, mask_token_id,
+        attention_mask_dtype(model),
+    )
+    own_block = torch.arange(length, device=device) // block_size == torch.arange(blocks, device=device)[:, None]
+    read = masked.view(rows, 1, length) & own_block  # (rows, copy, position): the masked positions of each copy
+    read_rows, read_columns, (r, j, i) = packed_read_positions(packed, read, shift=0)
+    logps = token_logps_at(model, read_rows, read_columns, response_ids[r, i], input_ids=packed.input_ids,
+                           attention_mask=packed.attention_mask, position_ids=packed.position_ids)
+    weights = 1.0 / t.view(rows, blocks)[r, j]
+    return -(logps * weights).sum() / response_ids.numel()
+
+
+@dataclass
+class ToyBlockPretrainConfig(ToyPretrainConfig):
+    """Settings of :func:`pretrain_toy_block`: the toy's (the defaults produce the shipped checkpoint)."""
+
+
+def pretrain_toy_block(output_dir: str | Path, config: ToyBlockPretrainConfig | None = None, log=print) -> dict:
+    """Train the toy block model from scratch and save model + tokenizer to ``output_dir``; returns a summary.
+
+    Stops at the first evaluation whose greedy held-out accuracy reaches ``target_accuracy`` (a partly competent
+    model that RL can still improve). Deterministic algorithms throughout (the toy's loop,
+    :func:`run_pretraining`).
+    """
+    cfg = config or ToyBlockPretrainConfig()
+
+    def build(tokenizer):
+        return build_tiny_sdar(
+            mask_token_id=tokenizer.mask_token_id, block_size=TOY_BLOCK_SIZE, seed=cfg.seed,
+            vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id,
+            max_position_embeddings=tokenizer.model_max_length, **TOY_BLOCK_MODEL_SHAPE,
+        )
+
+    def batch_loss(model, tokenizer, prompt_ids, prompt_mask, response_ids, generator):
+        return block_diffusion_loss(model, prompt_ids, prompt_mask, response_ids, tokenizer.mask_token_id,
+                                    TOY_BLOCK_SIZE, generator, cfg.mask_eps)
+
+    return run_pretraining(output_dir, cfg, build, batch_loss, toy_block_generation_config(), log)
