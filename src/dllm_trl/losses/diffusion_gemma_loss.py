@@ -46,13 +46,18 @@ import dataclasses
 
 import torch
 
-from ..generation.diffusion_gemma import is_diffusion_gemma, replay_logits
+from ..generation.diffusion_gemma import SelfConditioningChain, is_diffusion_gemma, replay_logits
 from ..models.engines import unwrap_model
 from .rldf import INVALID_STEP, sample_timesteps
 from .rldf_loss import LossCall, RLDFLoss, rollout_entries
 from .trust_region_loss import TrustRegionTerms
 
 DIFFUSION_GEMMA_ESTIMATORS = ("rldf", "sequential")
+SELF_CONDITIONING_GRADIENTS = ("recorded", "chain")
+"""``"recorded"``: each state reads the rollout's self-conditioning input, a constant; ``"chain"``: the input is
+recomputed with gradient through the canvas's earlier steps."""
+CHAIN_KEYS = ("chain_state_ids", "chain_canvas", "chain_temperature")
+"""Batch entries of the rollout's whole record (per row, every step) that the ``"chain"`` replay reads."""
 
 MASK_DIFFUSION_FIELDS = {
     "unmasking": "DiffusionGemma accepts tokens by an entropy bound: set entropy_bound on DiffusionGemmaSamplerConfig",
@@ -108,17 +113,25 @@ def check_no_mask_token(model) -> None:
 class DiffusionGemmaRLDFLoss(RLDFLoss):
     """RLDF on DiffusionGemma's recorded denoising steps (module docstring). Pass ``loss=DiffusionGemmaRLDFLoss(args)``
     with ``sampler=DiffusionGemmaSampler(...)`` to :class:`~dllm_trl.RLDFTrainer`. ``states_per_forward``: sampled
-    steps per loss forward (None: all of a micro-batch's in one, sharing one encoder pass)."""
+    steps per loss forward (None: all of a micro-batch's in one, sharing one encoder pass).
+    ``self_conditioning_gradient``: ``"recorded"`` (default) feeds each sampled state the rollout's
+    self-conditioning input, held fixed; ``"chain"`` recomputes it through the canvas's earlier steps, so the gradient
+    also runs through the self-conditioning chain (module docstring; costs one decoder call per earlier step)."""
 
     packs_block_states = False
     targets_from_loss_forward = False
     """The clean targets are fixed by a no-grad π_old pass over the sampled states before the loss."""
     supported_estimators = DIFFUSION_GEMMA_ESTIMATORS
 
-    def __init__(self, args, states_per_forward: int | None = None):
+    def __init__(self, args, states_per_forward: int | None = None, self_conditioning_gradient: str = "recorded"):
         super().__init__(args)
         if states_per_forward is not None and states_per_forward < 1:
             raise ValueError(f"states_per_forward={states_per_forward} must be ≥ 1 (or None: all sampled steps in one).")
+        if self_conditioning_gradient not in SELF_CONDITIONING_GRADIENTS:
+            raise ValueError(f"self_conditioning_gradient={self_conditioning_gradient!r}: expected one of "
+                             f"{SELF_CONDITIONING_GRADIENTS} ('recorded': the rollout's input held fixed; 'chain': "
+                             "the gradient through the self-conditioning chain).")
+        self.self_conditioning_gradient = self_conditioning_gradient
         # A forward holds the float32 logits of its states, (rows × steps, L, V): 268 MB per state at L = 256,
         # V = 262 144, about three times that with the log-softmax and its gradient. Fewer steps per forward bound it,
         # at the cost of one encoder pass per forward.
@@ -197,10 +210,16 @@ class DiffusionGemmaRLDFLoss(RLDFLoss):
             "state_target_ids": torch.where(accept, record.accepted_ids[rows, s], final),
             "state_valid": output.completion_mask.gather(1, span.flatten(1)).view_as(span).bool(),
             "state_rollout_logps": record.accepted_logps[rows, s],
-            "state_self_conditioning": record.self_conditioning[rows, s],
             "state_has_self_conditioning": record.has_self_conditioning[s] & valid,
             "state_sc_is_logits": torch.full((sampled.shape[0],), record.carrier == "logits", device=s.device),
         }
+        if self.self_conditioning_gradient == "chain":  # the whole record's canvases instead of the sampled inputs
+            batch = sampled.shape[0]
+            trajectory["chain_state_ids"] = record.state_ids
+            trajectory["chain_canvas"] = record.canvas.unsqueeze(0).expand(batch, -1).clone()
+            trajectory["chain_temperature"] = record.temperature.unsqueeze(0).expand(batch, -1).clone()
+        else:
+            trajectory["state_self_conditioning"] = record.self_conditioning[rows, s]
         weight = uncertainty.float().gather(1, s)[valid]
         return trajectory, (weight.sum(), float(weight.numel()))
 
@@ -232,9 +251,21 @@ class DiffusionGemmaRLDFLoss(RLDFLoss):
         live = pick("sampled_steps") != INVALID_STEP
         canvas = torch.where(live, pick("state_canvas"), -1)
         carrier = "logits" if bool(batch["state_sc_is_logits"][rows].any()) else "embedding"
+        if self.self_conditioning_gradient == "chain":
+            missing = [key for key in CHAIN_KEYS if key not in batch]
+            if missing:
+                raise ValueError(f"self_conditioning_gradient='chain' replays the rollout's whole record, and this "
+                                 f"batch lacks {missing}: build it with this loss's sample_states (a loss made with "
+                                 "self_conditioning_gradient='recorded' keeps only the sampled states).")
+            chain = SelfConditioningChain(steps=pick("sampled_steps").clamp_min(0),
+                                          state_ids=batch["chain_state_ids"][rows],
+                                          canvas=batch["chain_canvas"][rows],
+                                          temperature=batch["chain_temperature"][rows])
+            sc = present = None
+        else:
+            chain, sc, present = None, pick("state_self_conditioning"), pick("state_has_self_conditioning")
         logits = replay_logits(model, batch["rollout_prompt_ids"][rows], batch["rollout_prompt_mask"][rows],
-                               batch["rollout_ids"][rows], canvas, pick("state_ids"), pick("state_self_conditioning"),
-                               pick("state_has_self_conditioning"), carrier)
+                               batch["rollout_ids"][rows], canvas, pick("state_ids"), sc, present, carrier, chain)
         where = live.nonzero(as_tuple=True)
         scaled = logits.float() / pick("state_temperature")[where].view(-1, 1, 1)
         return where, scaled.log_softmax(-1)
@@ -307,8 +338,9 @@ class DiffusionGemmaTrustRegionLoss(TrustRegionTerms, DiffusionGemmaRLDFLoss):
 
     logs_ppo_terms = False
 
-    def __init__(self, args, vocab_size: int, states_per_forward: int | None = None):
-        DiffusionGemmaRLDFLoss.__init__(self, args, states_per_forward)
+    def __init__(self, args, vocab_size: int, states_per_forward: int | None = None,
+                 self_conditioning_gradient: str = "recorded"):
+        DiffusionGemmaRLDFLoss.__init__(self, args, states_per_forward, self_conditioning_gradient)
         TrustRegionTerms.__init__(self, args, vocab_size, 1.0)  # π_θ is tempered per step (T_n), not by args
 
     @property
