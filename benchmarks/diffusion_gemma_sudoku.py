@@ -210,6 +210,7 @@ def main(argv=None) -> dict:
         for seed, gradient in ((seed, g) for seed in args.seeds for g in args.self_conditioning_gradients):
             result = run_one(toy, seed, args, gradient)
             store["runs"].append(result)
+            (out / f"{args.name}.json").write_text(json.dumps(store, indent=1) + "\n")  # partial, run by run
             print(f"{toy} seed {seed} {gradient}: after {result['after']['solve_rate']:.3f} "
                   f"({result['train_seconds']:.0f} s training, {time.perf_counter() - start:.0f} s so far)", flush=True)
     store["wall_seconds"] = time.perf_counter() - start

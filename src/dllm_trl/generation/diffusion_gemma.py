@@ -25,18 +25,20 @@ Self-conditioning carrier (``self_conditioning``):
 
 * ``"embedding"`` (default): the decoder's soft embedding ``softmax(prev logits) · E · √H``, (B, L, H) per step,
   captured from the decoder's own self-conditioning call. The replay feeds it back in place of the one the decoder
-  would compute: exact whenever the embedding matrix ``E`` is frozen (LoRA, the usual case at 26B); with ``E`` trained
-  the replay keeps the rollout's soft embedding (exact value at ``π_old``, no gradient into ``E`` through that path).
+  would compute: the input ``π_θ`` would read from the recorded logits whenever the embedding matrix ``E`` is frozen
+  (LoRA, the usual case at 26B); with ``E`` trained the replay keeps the rollout's soft embedding (the rollout's value,
+  no gradient into ``E`` through that path).
   Size at the 26B-A4B shape (H = 2816), batch 8 × 256 positions × 16 recorded steps: 2 bytes (bf16) × 8 × 256 × 2816 ×
   16 = 184.5 MB (369 MB in float32); the sampler keeps every step of the rollout (N per canvas) until
   ``sample_states`` keeps the sampled ones.
-* ``"logits"``: the previous step's temperature-scaled logits themselves, (B, L, V): exact for any trained weights, but
+* ``"logits"``: the previous step's temperature-scaled logits themselves, (B, L, V): the rollout's input for any
+  trained weights (its softmax · E taken with the current ``E``), but
   V = 262 144 makes it 8 × 256 × 262 144 × 2 bytes = 1.07 GB per step in bf16 (17.2 GB for 16 steps); for small
   vocabularies and tests.
 
 With either carrier, :func:`replay_logits` feeds the recorded input as a constant: the replayed logits are
-``π_θ(· | x_n, sc_rec, T_n)``, and no gradient runs through the self-conditioning chain (step n's logits feeding step
-n−1's input). Given a :class:`SelfConditioningChain` instead, it recomputes each state's input with gradient from the
+``π_θ(· | x_n, sc_rec, T_n)``, and no gradient runs through the self-conditioning chain (step n+1's logits feeding step
+n's input; steps count down). Given a :class:`SelfConditioningChain` instead, it recomputes each state's input with gradient from the
 replay of its canvas's earlier steps (from the canvas's first step, whose input is zeros, each step reading its
 recorded canvas ``x`` and the previous recomputed input): ``π_θ(· | x_n, sc_n(θ), T_n)``, at the cost of one decoder
 call per earlier step of the canvas; the carrier's record is then not read.
@@ -84,7 +86,9 @@ class DiffusionGemmaSamplerConfig:
             Padding written after a row's first EOS (`None`: the model's text config's).
         self_conditioning (`str`, defaults to `"embedding"`):
             What the record keeps of each step's self-conditioning input: `"embedding"` (the (B, L, H) soft
-            embedding, exact while the embeddings are frozen) or `"logits"` (the (B, L, V) logits, exact always).
+            embedding, replays the rollout's input exactly while the embeddings are frozen) or `"logits"` (the
+            (B, L, V) logits, always). Either is a constant of the loss forward (no gradient through the
+            self-conditioning chain unless the loss recomputes it: `self_conditioning_gradient="chain"`).
         record_topk (`int`, defaults to `0`):
             Also record, per step and position, the top-K ids and log-probs of the tempered distribution the tokens
             were drawn from (the behaviour distribution of the trust-region loss; 0 = off).

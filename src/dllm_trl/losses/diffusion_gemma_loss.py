@@ -2,18 +2,19 @@
 
 A DiffusionGemma rollout (:class:`~dllm_trl.generation.DiffusionGemmaSampler`) draws, at every step ``n`` of every
 canvas, ``y_{n,i} ~ π_θ(· | x_n, sc_n, T_n)`` at each position and keeps it on the accept set ``A_n``; the other
-positions are re-noised with uniform tokens, which do not depend on θ. So the log-likelihood of the recorded
-trajectory under π_θ is, up to terms free of θ, ``Σ_n Σ_{i∈A_n} log π_θ(y_{n,i} | x_n, sc_n, T_n)``: the **exact
-per-step term** is a sum over the accepted tokens of each step, and a position accepted at several steps contributes
-once per step. :class:`DiffusionGemmaRLDFLoss` builds RLDF on it:
+positions are re-noised with uniform tokens, which do not depend on θ. ``sc_n`` is the self-conditioning input: the
+previous step's tempered logits (zeros at a canvas's first step), so it depends on θ through every earlier step of the
+canvas. Given the accept sets, the log-likelihood of the recorded draws is ``Σ_n Σ_{i∈A_n} log π_θ(y_{n,i} | x_n, sc_n,
+T_n)``; a position accepted at several steps counts once per step. :class:`DiffusionGemmaRLDFLoss` builds RLDF on
+these per-step terms:
 
 * **Weighted timestep sampling** (Alg. 2, Eq. 5–6): per row, over its recorded steps (the steps it was still
   denoising, in the canvases up to the one that finished its sequence), ``P_n = −mean_{i∈A_n} log π_old(y_{n,i})``
   from the rollout's record; ``k`` steps drawn without replacement from ``softmax(P / τ)``.
-* **Targets** (``policy_estimator``): ``"sequential"`` — the accepted tokens ``A_n`` with their drawn tokens ``y``
-  (the exact per-step term); ``"rldf"`` — those plus the **clipped clean target**: positions outside ``A_n`` inside the
-  completion proper (up to its first EOS) whose final token (the argmax the canvas ended on) the detached π_old
-  predicts at the state with probability ≥ ``clean_target_threshold``; their target is that final token.
+* **Targets** (``policy_estimator``): ``"sequential"`` — the accepted tokens ``A_n`` with their drawn tokens ``y``;
+  ``"rldf"`` — those plus the **clipped clean target**: positions outside ``A_n`` inside the completion proper (up to
+  its first EOS) whose final token (the argmax the canvas ended on) the detached π_old predicts at the state with
+  probability ≥ ``clean_target_threshold``; their target is that final token.
 * **Terms**: REINFORCE / PPO (``num_iterations > 1``) and the k3 KL against the reference, at the same state, per
   target token — the masked-diffusion :class:`~dllm_trl.losses.RLDFLoss`'s own per-token code, normalisation and
   metrics. The distribution is the temperature-scaled one the rollout drew from (``softmax(logits / T_n)``).
@@ -24,20 +25,46 @@ once per step. :class:`DiffusionGemmaRLDFLoss` builds RLDF on it:
   a micro-batch form one forward (one backward), as the encoder cache is shared by them, unless
   ``states_per_forward`` splits them (memory: each forward holds its states' full-vocabulary logits).
 
-Approximations (everything else is the rollout's own computation):
+**What the gradient is the gradient of.** With ``sequential`` targets and REINFORCE, the default
+(``self_conditioning_gradient="recorded"``) differentiates
 
-* the gradient through the **self-conditioning chain** is dropped: each state's self-conditioning input is the
-  rollout's record, a constant (with the ``"embedding"`` carrier and trained embeddings, also its dependence on ``E``);
-* with the ``"embedding"`` carrier the soft embedding is the rollout policy's, ``softmax(logits) · E``: exact for
-  π_θ and for the KL reference while they share the frozen ``E`` (LoRA, whose reference is the base model), not for
-  a reference with other embeddings or after an update of ``E`` (then use the ``"logits"`` carrier);
-* the **accept sets** and the **final argmax** are deterministic functions of the logits, treated as fixed (no
-  gradient; the argmax that defines the clean targets and the output is not a sampled decision);
-* the clean targets (``"rldf"``) are RLDF's biased x₀ estimator, as for masked diffusion; ``"sequential"`` is the
-  exact score function of the sampled trajectory.
+    Σ_rows A Σ_{n∈S} c_n Σ_{i∈A_n} log π_θ(y_{n,i} | x_n, sc_rec_n, T_n)
 
-Accepted positions after the first EOS of the EOS canvas count in the exact term: their draws shape the canvas's other
-positions through bidirectional attention. Steps of canvases after the row finished (all padding) do not.
+(``S``: the row's ``k`` sampled steps; ``c_n``: the normalisation weight of the step's targets, e.g. ``1 / (|Ô_n| · k
+· rows)`` under ``"sample"``); ``rldf`` adds the clean targets' terms, PPO and the KL replace ``A log π_θ`` by their
+per-token functions of the same ``log π_θ``. Held fixed, with no gradient:
+
+* ``sc_rec_n``, the **self-conditioning input the rollout recorded** (a constant of the forward: no gradient runs
+  through the self-conditioning chain, step n+1's logits feeding step n's input; with the ``"embedding"`` carrier the
+  recorded soft embedding also holds its dependence on ``E``); the reference and π_old read the same recorded input;
+* the **accept sets** ``A_n`` and the **final argmax** (the clean targets, the output): deterministic, discontinuous
+  functions of the logits, not differentiated;
+* the **sampled steps**: ``k`` of the row's ``N`` steps, drawn by π_old's uncertainty, scored with **no importance
+  correction**, so the sum over ``S`` is a biased stand-in for the sum over all steps.
+
+It is therefore not the score function of the sampled trajectory: an independent check on tiny models (issue 32)
+found its cosine to the gradient through the self-conditioning chain 0.79–0.89 (relative error 0.46–0.67), and the
+step sampling moving it further (cosine 0.64–0.79 to the all-steps frozen-chain gradient).
+
+``self_conditioning_gradient="chain"`` recomputes ``sc_n`` instead of reading the record: from the canvas's first
+step (zeros) through step ``n+1``, each step's decoder call reads its recorded canvas ``x`` and the previous recomputed
+input, ``sc_n(θ) = logits_θ(x_{n+1}, sc_{n+1}(θ)) / T_{n+1}``; the sum above with ``sc_n(θ)`` in place of ``sc_rec_n``
+is differentiated through the whole chain. π_old and the reference are scored through their own chains. At the
+rollout's weights the recomputed input equals the recorded one (up to float rounding; with the ``"embedding"``
+carrier while ``E`` is the rollout's), so the forward value is unchanged. Still held fixed: the accept sets, the final
+argmax, and the step sampling (with every step scored and ``sequential`` targets, the sum is the log-likelihood of the
+recorded draws given the accept sets). Cost: one extra decoder call per earlier step of each sampled step's canvas
+(shared by a row's sampled steps in that canvas), in the π_old, reference and loss forwards, and the activations of
+those calls for the backward (docs/diffusion_gemma.md measures it).
+
+Other approximations: with the ``"embedding"`` carrier (default) the recorded soft embedding is the rollout policy's,
+``softmax(logits) · E``: exact for π_θ and for the KL reference while they share the frozen ``E`` (LoRA, whose
+reference is the base model), not for a reference with other embeddings or after an update of ``E`` (then use the
+``"logits"`` carrier or ``"chain"``); the clean targets (``"rldf"``) are RLDF's biased x₀ estimator, as for masked
+diffusion.
+
+Accepted positions after the first EOS of the EOS canvas count in the per-step terms: their draws shape the canvas's
+other positions through bidirectional attention. Steps of canvases after the row finished (all padding) do not.
 """
 
 from __future__ import annotations
@@ -206,7 +233,7 @@ class DiffusionGemmaRLDFLoss(RLDFLoss):
             "state_ids": record.state_ids[rows, s],
             "state_temperature": record.temperature[s],
             "state_accept": accept,
-            # The drawn token where accepted (the exact term), the final output token elsewhere (clean targets).
+            # The drawn token where accepted (the per-step term), the final output token elsewhere (clean targets).
             "state_target_ids": torch.where(accept, record.accepted_ids[rows, s], final),
             "state_valid": output.completion_mask.gather(1, span.flatten(1)).view_as(span).bool(),
             "state_rollout_logps": record.accepted_logps[rows, s],
