@@ -3,7 +3,8 @@ self_conditioning_gradient="chain")`` against the default ``"recorded"``, on the
 steps, side by side in one run.
 
 Per option: the no-grad π_old pass (which fixes the clean targets), the loss forward and its backward over the ``k``
-sampled steps of each row (median seconds over ``--repeats``, the two options alternating), the decoder calls per loss
+sampled steps of each row (median seconds over ``--repeats``, the two options alternating; on CPU the process's CPU
+seconds, which other jobs on a shared machine disturb less than the wall clock), the decoder calls per loss
 forward (the chain adds one per earlier step of each sampled step's canvas, shared by a row's sampled steps), and the
 memory of the forward: on CUDA its peak allocated GiB, everywhere the bytes autograd saves for the backward (the
 activations the forward must keep), counted once per storage. The model: the random DiffusionGemma of
@@ -78,6 +79,11 @@ def sync(device):
         torch.cuda.synchronize()
 
 
+def clock(device) -> float:
+    """Wall seconds on an accelerator, the process's CPU seconds on CPU (one thread: the work done)."""
+    return time.perf_counter() if str(device).startswith("cuda") else time.process_time()
+
+
 def measure(model, loss, trajectory, device) -> dict:
     """One π_old pass, loss forward and backward of ``loss`` on ``trajectory``: seconds, decoder calls, memory."""
     calls = []
@@ -85,11 +91,11 @@ def measure(model, loss, trajectory, device) -> dict:
     batch = dict(trajectory, advantages=torch.linspace(-1.0, 1.0, trajectory["sampled_steps"].shape[0], device=device))
     try:
         sync(device)
-        start = time.perf_counter()
+        start = clock(device)
         with torch.no_grad():
             old = loss.score_states(model, batch)
         sync(device)
-        old_seconds = time.perf_counter() - start
+        old_seconds = clock(device) - start
         batch["target_mask"] = loss.target_mask(batch, old, None)
         call = loss.begin(batch, loss.normalizer(batch, 1, 1.0), 0.0, 0.2, 0.2)
         steps = (batch["sampled_steps"] >= 0).any(0).nonzero().squeeze(1).tolist()
@@ -98,18 +104,18 @@ def measure(model, loss, trajectory, device) -> dict:
         if str(device).startswith("cuda"):
             torch.cuda.reset_peak_memory_stats(device)
             base = torch.cuda.memory_allocated(device)
-        start = time.perf_counter()
+        start = clock(device)
         with SavedBytes() as saved:
             value = sum(loss.chunk_loss(model, batch, chunk, call) for chunk in loss.loss_chunks(model, batch, steps))
         sync(device)
-        forward_seconds = time.perf_counter() - start
+        forward_seconds = clock(device) - start
         peak = ((torch.cuda.max_memory_allocated(device) - base) / 2**30 if str(device).startswith("cuda")
                 else float("nan"))
         decoder_calls = len(calls)
-        start = time.perf_counter()
+        start = clock(device)
         value.backward()
         sync(device)
-        backward_seconds = time.perf_counter() - start
+        backward_seconds = clock(device) - start
     finally:
         handle.remove()
     return dict(old_pass_seconds=old_seconds, forward_seconds=forward_seconds, backward_seconds=backward_seconds,
@@ -150,11 +156,13 @@ def main(argv=None) -> dict:
     result = dict(setup=dict(vars(args), shape=SMALL, recorded_steps=int(record.canvas.numel()),
                              sampled_states=int(live.numel()), mean_chain_depth=statistics.fmean(depth)),
                   runs=runs)
-    median = {option: {key: statistics.median(r[key] for r in rows) for key in rows[0]} for option, rows in runs.items()}
+    median = {option: {key: statistics.median(r[key] for r in rows) for key in rows[0]}
+              for option, rows in runs.items()}
     result["median"] = median
     print(f"{args.batch} rows, {result['setup']['recorded_steps']} recorded steps, {live.numel()} sampled states, "
           f"mean steps before a sampled one in its canvas {result['setup']['mean_chain_depth']:.1f}; median of "
-          f"{args.repeats} on {args.device}, {args.threads} thread(s)\n")
+          f"{args.repeats} on {args.device} ({'CPU' if args.device == 'cpu' else 'wall'} seconds), "
+          f"{args.threads} thread(s)\n")
     keys = [("old_pass_seconds", "π_old pass s"), ("forward_seconds", "loss forward s"),
             ("backward_seconds", "backward s"), ("decoder_calls", "decoder calls / forward"),
             ("saved_mib", "saved for backward MiB"), ("forward_peak_gib", "forward peak GiB (CUDA)")]

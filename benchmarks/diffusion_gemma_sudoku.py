@@ -143,8 +143,8 @@ def paired_markdown(store, toy: str, reference: str = "recorded", other: str = "
               for s in seeds]
     seconds = [arms[other, s]["train_seconds"] / arms[reference, s]["train_seconds"] for s in seeds]
     return "\n".join([
-        f"Paired, `{other}` − `{reference}` self-conditioning gradient on the same seeds {seeds} ({toy}): mean ± sample "
-        "std [95% t-interval of the mean].",
+        f"Paired, `{other}` − `{reference}` self-conditioning gradient on the same seeds {seeds} ({toy}): mean ± "
+        "sample std [95% t-interval of the mean].",
         "",
         "| quantity | Δ | per seed Δ |",
         "|---|---|---|",

@@ -38,10 +38,10 @@ Self-conditioning carrier (``self_conditioning``):
 
 With either carrier, :func:`replay_logits` feeds the recorded input as a constant: the replayed logits are
 ``π_θ(· | x_n, sc_rec, T_n)``, and no gradient runs through the self-conditioning chain (step n+1's logits feeding step
-n's input; steps count down). Given a :class:`SelfConditioningChain` instead, it recomputes each state's input with gradient from the
-replay of its canvas's earlier steps (from the canvas's first step, whose input is zeros, each step reading its
-recorded canvas ``x`` and the previous recomputed input): ``π_θ(· | x_n, sc_n(θ), T_n)``, at the cost of one decoder
-call per earlier step of the canvas; the carrier's record is then not read.
+n's input; steps count down). Given a :class:`SelfConditioningChain` instead, it recomputes each state's input with
+gradient from the replay of its canvas's earlier steps (from the canvas's first step, whose input is zeros, each step
+reading its recorded canvas ``x`` and the previous recomputed input): ``π_θ(· | x_n, sc_n(θ), T_n)``, at the cost of
+one decoder call per earlier step of the canvas; the carrier's record is then not read.
 """
 
 from __future__ import annotations
