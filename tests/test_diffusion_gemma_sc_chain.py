@@ -11,7 +11,6 @@ rollout's weights the chain's forward reproduces the recorded one.
 
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch
@@ -171,4 +170,25 @@ def test_chain_option_is_validated():
     chain = DiffusionGemmaRLDFLoss(make_args(), self_conditioning_gradient="chain")
     with pytest.raises(ValueError, match=r"self_conditioning_gradient='chain'.*chain_state_ids"):
         chain.score_states(model, trajectory)
-    assert math.isfinite(1.0)
+
+
+def test_trust_region_loss_takes_the_chain_option():
+    """The trust-region loss scores through the same replay: at the rollout's weights its old-policy pass (log-probs
+    and top-K) reads the same under both options; the option is validated there too."""
+    from dllm_trl.losses.diffusion_gemma_loss import DiffusionGemmaTrustRegionLoss
+
+    from .test_diffusion_gemma_training import TOP_K, dppo_args
+
+    model = sc_model()
+    vocab = model.config.text_config.vocab_size
+    with pytest.raises(ValueError, match="self_conditioning_gradient="):
+        DiffusionGemmaTrustRegionLoss(dppo_args(), vocab, self_conditioning_gradient="detached")
+    ids, mask, output = rollout(model, "logits", record_topk=TOP_K)
+    passes = []
+    for mode in ("recorded", "chain"):
+        loss = DiffusionGemmaTrustRegionLoss(dppo_args(), vocab, self_conditioning_gradient=mode)
+        trajectory, _ = loss.sample_states(ids, mask, output, torch.Generator().manual_seed(7), None)
+        passes.append(loss.score_for_policy_pass(model, trajectory, old_pass=True))
+    (logps, extra), (chain_logps, chain_extra) = passes
+    torch.testing.assert_close(chain_logps, logps, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(chain_extra["old_topk_logps"], extra["old_topk_logps"], atol=1e-5, rtol=1e-5)
