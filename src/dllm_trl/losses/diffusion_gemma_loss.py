@@ -55,7 +55,8 @@ carrier while ``E`` is the rollout's), so the forward value is unchanged. Still 
 argmax, and the step sampling (with every step scored and ``sequential`` targets, the sum is the log-likelihood of the
 recorded draws given the accept sets). Cost: one extra decoder call per earlier step of each sampled step's canvas
 (shared by a row's sampled steps in that canvas), in the π_old, reference and loss forwards, and the activations of
-those calls for the backward (docs/diffusion_gemma.md measures it).
+those calls for the backward (docs/diffusion_gemma.md measures it). Refused where a forward is a collective of every
+process (FSDP, ZeRO-3): the decoder calls per forward follow each process's own sampled steps.
 
 Other approximations: with the ``"embedding"`` carrier (default) the recorded soft embedding is the rollout policy's,
 ``softmax(logits) · E``: exact for π_θ and for the KL reference while they share the frozen ``E`` (LoRA, whose
@@ -74,7 +75,7 @@ import dataclasses
 import torch
 
 from ..generation.diffusion_gemma import SelfConditioningChain, is_diffusion_gemma, replay_logits
-from ..models.engines import unwrap_model
+from ..models.engines import forwards_are_collective, unwrap_model
 from .rldf import INVALID_STEP, sample_timesteps
 from .rldf_loss import LossCall, RLDFLoss, rollout_entries
 from .trust_region_loss import TrustRegionTerms
@@ -279,6 +280,11 @@ class DiffusionGemmaRLDFLoss(RLDFLoss):
         canvas = torch.where(live, pick("state_canvas"), -1)
         carrier = "logits" if bool(batch["state_sc_is_logits"][rows].any()) else "embedding"
         if self.self_conditioning_gradient == "chain":
+            if forwards_are_collective(model):
+                raise ValueError("self_conditioning_gradient='chain' is not supported where a forward is a collective "
+                                 "of every process (FSDP, ZeRO-3): its decoder calls per forward follow each process's "
+                                 "own sampled steps, so the weight gathers would not pair up; use DDP or ZeRO-1/2, or "
+                                 "self_conditioning_gradient='recorded'.")
             missing = [key for key in CHAIN_KEYS if key not in batch]
             if missing:
                 raise ValueError(f"self_conditioning_gradient='chain' replays the rollout's whole record, and this "
