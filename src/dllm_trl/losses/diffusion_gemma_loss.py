@@ -238,16 +238,17 @@ class DiffusionGemmaRLDFLoss(RLDFLoss):
             "state_target_ids": torch.where(accept, record.accepted_ids[rows, s], final),
             "state_valid": output.completion_mask.gather(1, span.flatten(1)).view_as(span).bool(),
             "state_rollout_logps": record.accepted_logps[rows, s],
+            # "chain" recomputes the sampled states' inputs from the whole record's canvases (below) instead.
+            **({} if self.self_conditioning_gradient == "chain"
+               else {"state_self_conditioning": record.self_conditioning[rows, s]}),
             "state_has_self_conditioning": record.has_self_conditioning[s] & valid,
             "state_sc_is_logits": torch.full((sampled.shape[0],), record.carrier == "logits", device=s.device),
         }
-        if self.self_conditioning_gradient == "chain":  # the whole record's canvases instead of the sampled inputs
+        if self.self_conditioning_gradient == "chain":
             batch = sampled.shape[0]
             trajectory["chain_state_ids"] = record.state_ids
             trajectory["chain_canvas"] = record.canvas.unsqueeze(0).expand(batch, -1).clone()
             trajectory["chain_temperature"] = record.temperature.unsqueeze(0).expand(batch, -1).clone()
-        else:
-            trajectory["state_self_conditioning"] = record.self_conditioning[rows, s]
         weight = uncertainty.float().gather(1, s)[valid]
         return trajectory, (weight.sum(), float(weight.numel()))
 
