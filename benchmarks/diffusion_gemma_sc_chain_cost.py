@@ -12,6 +12,7 @@ activations the forward must keep), counted once per storage. The model: the ran
 canvas, prompt 32, gen 64, batch 4, the final norm sharpened so that several positions are accepted per step)::
 
     OMP_NUM_THREADS=1 python benchmarks/diffusion_gemma_sc_chain_cost.py
+    OMP_NUM_THREADS=1 python benchmarks/diffusion_gemma_sc_chain_cost.py --stability-threshold 16  # all 16 steps
     python benchmarks/diffusion_gemma_sc_chain_cost.py --device cuda --json chain_cost.json
 """
 
@@ -44,6 +45,8 @@ def parse_args(argv=None):
     parser.add_argument("--steps", type=int, default=16, help="Denoising steps per canvas.")
     parser.add_argument("--k", type=int, default=4, help="Sampled steps per row.")
     parser.add_argument("--sharpen", type=float, default=25.0)
+    parser.add_argument("--stability-threshold", type=int, default=1,
+                        help="The sampler's: unchanged argmax steps before a row may stop early (--steps: never).")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", default=None, help="Also write the measurements here.")
@@ -131,7 +134,8 @@ def main(argv=None) -> dict:
         model.model.decoder.norm.weight.mul_(args.sharpen)
     vocab = model.config.text_config.vocab_size
     sampler = DiffusionGemmaSampler(DiffusionGemmaSamplerConfig(gen_length=args.gen_length,
-                                                                max_denoising_steps=args.steps, eos_token_id=vocab - 4))
+                                                                max_denoising_steps=args.steps, eos_token_id=vocab - 4,
+                                                                stability_threshold=args.stability_threshold))
     prompts = torch.randint(3, vocab - 4, (args.batch, args.prompt_length),
                             generator=torch.Generator().manual_seed(0)).to(args.device)
     torch.manual_seed(1)
