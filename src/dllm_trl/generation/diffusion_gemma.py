@@ -25,17 +25,23 @@ Self-conditioning carrier (``self_conditioning``):
 
 * ``"embedding"`` (default): the decoder's soft embedding ``softmax(prev logits) · E · √H``, (B, L, H) per step,
   captured from the decoder's own self-conditioning call. The replay feeds it back in place of the one the decoder
-  would compute: exact whenever the embedding matrix ``E`` is frozen (LoRA, the usual case at 26B); with ``E`` trained
-  the replay keeps the rollout's soft embedding (exact value at ``π_old``, no gradient into ``E`` through that path).
+  would compute: the input ``π_θ`` would read from the recorded logits whenever the embedding matrix ``E`` is frozen
+  (LoRA, the usual case at 26B); with ``E`` trained the replay keeps the rollout's soft embedding (the rollout's value,
+  no gradient into ``E`` through that path).
   Size at the 26B-A4B shape (H = 2816), batch 8 × 256 positions × 16 recorded steps: 2 bytes (bf16) × 8 × 256 × 2816 ×
   16 = 184.5 MB (369 MB in float32); the sampler keeps every step of the rollout (N per canvas) until
   ``sample_states`` keeps the sampled ones.
-* ``"logits"``: the previous step's temperature-scaled logits themselves, (B, L, V): exact for any trained weights, but
+* ``"logits"``: the previous step's temperature-scaled logits themselves, (B, L, V): the rollout's input for any
+  trained weights (its softmax · E taken with the current ``E``), but
   V = 262 144 makes it 8 × 256 × 262 144 × 2 bytes = 1.07 GB per step in bf16 (17.2 GB for 16 steps); for small
   vocabularies and tests.
 
-Either way the gradient through the self-conditioning chain (step n's logits feeding step n−1's input) is dropped:
-the recorded input is a constant of the training forward.
+With either carrier, :func:`replay_logits` feeds the recorded input as a constant: the replayed logits are
+``π_θ(· | x_n, sc_rec, T_n)``, and no gradient runs through the self-conditioning chain (step n+1's logits feeding step
+n's input; steps count down). Given a :class:`SelfConditioningChain` instead, it recomputes each state's input with
+gradient from the replay of its canvas's earlier steps (from the canvas's first step, whose input is zeros, each step
+reading its recorded canvas ``x`` and the previous recomputed input): ``π_θ(· | x_n, sc_n(θ), T_n)``, at the cost of
+one decoder call per earlier step of the canvas; the carrier's record is then not read.
 """
 
 from __future__ import annotations
@@ -81,7 +87,9 @@ class DiffusionGemmaSamplerConfig:
             Padding written after a row's first EOS (`None`: the model's text config's).
         self_conditioning (`str`, defaults to `"embedding"`):
             What the record keeps of each step's self-conditioning input: `"embedding"` (the (B, L, H) soft
-            embedding, exact while the embeddings are frozen) or `"logits"` (the (B, L, V) logits, exact always).
+            embedding, replays the rollout's input exactly while the embeddings are frozen) or `"logits"` (the
+            (B, L, V) logits, always). Either is a constant of the loss forward (no gradient through the
+            self-conditioning chain unless the loss recomputes it: `self_conditioning_gradient="chain"`).
         record_topk (`int`, defaults to `0`):
             Also record, per step and position, the top-K ids and log-probs of the tempered distribution the tokens
             were drawn from (the behaviour distribution of the trust-region loss; 0 = off).
@@ -118,6 +126,22 @@ class DiffusionGemmaSamplerConfig:
         if self.self_conditioning not in SELF_CONDITIONING_CARRIERS:
             raise ValueError(f"self_conditioning={self.self_conditioning!r}: expected one of "
                              f"{SELF_CONDITIONING_CARRIERS}.")
+
+
+@dataclass
+class SelfConditioningChain:
+    """What :func:`replay_logits` needs to recompute the self-conditioning input of a state through the steps before
+    it: per row (R) of the replay, the rollout's record of every lock-step step (S) and, per state, its step.
+
+    ``steps`` (R, k): the record step of each state (as :class:`DenoisingSteps` counts, over all canvases).
+    ``state_ids`` (R, S, L): the canvas ``x`` each step's decoder read. ``canvas`` (R, S): the canvas each step
+    refines. ``temperature`` (R, S) float32: ``T`` of each step (its tempered logits are the next step's input).
+    """
+
+    steps: torch.Tensor
+    state_ids: torch.Tensor
+    canvas: torch.Tensor
+    temperature: torch.Tensor
 
 
 def step_temperature(config: DiffusionGemmaSamplerConfig, remaining: int, device) -> torch.Tensor:
@@ -213,6 +237,13 @@ class _Calls:
         return self.model(decoder_input_ids=canvas, self_conditioning_logits=self_conditioning_logits,
                           self_conditioning_mask=self_conditioning_mask, decoder_attention_mask=mask,
                           decoder_position_ids=positions, **{self.cache_keyword: cache}).logits
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(…, V) float32 logits of decoder hidden states, as the model's forward computes them after its inner model
+        (its LM head, then the final soft-capping): for logits needed inside a forward (the self-conditioning chain)."""
+        logits = self.model.lm_head(hidden).float()
+        cap = self.model.final_logit_softcapping
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def decode(self, cache, canvas, start: int, mask, self_conditioning_logits=None, self_conditioning_mask=None):
         """(B, L, H) decoder hidden states on ``canvas`` at positions ``start …`` over ``cache`` (inside a forward)."""
@@ -439,8 +470,56 @@ class DiffusionGemmaSampler:
         )
 
 
+def decode_through_chain(calls, cache, attention, start: int, rows, slots, chain: SelfConditioningChain):
+    """Decoder hidden states (n, L, H) of the states ``(rows, slots)`` of one canvas, each state's self-conditioning
+    input recomputed (with gradient when enabled) by the canvas's steps before it: its first step reads zeros, every
+    later one its recorded canvas and the tempered logits ``logits / T`` of the step before (cast to the embeddings'
+    dtype, as the rollout fed them). Rows with several states share one chain, run up to their latest state;
+    ``attention`` (R, start) are the keys of ``cache``, which holds the prompt and the canvases before this one."""
+    length = calls.canvas_length
+    steps = chain.steps[rows, slots]
+    own_canvas = chain.canvas[rows, steps]
+    first = (chain.canvas[rows] == own_canvas.unsqueeze(1)).int().argmax(1)  # the canvas's first step, per state
+    depth = steps - first
+    chain_rows, state_chain = torch.unique(rows, return_inverse=True)
+    need = torch.zeros_like(chain_rows).scatter_reduce(0, state_chain, depth, "amax", include_self=False)
+    start_step = torch.zeros_like(chain_rows).scatter(0, state_chain, first)
+    embedding_dtype = calls.decoder.embed_tokens.weight.dtype
+    hidden = [None] * rows.numel()
+    alive = torch.arange(chain_rows.numel(), device=rows.device)  # chains still running, as indices of chain_rows
+    previous = None  # the tempered logits of the last step of the chains in `alive`
+    for p in range(int(need.max().item()) + 1):
+        keep = need[alive] >= p
+        alive, previous = alive[keep], None if previous is None else previous[keep]
+        r, step = chain_rows[alive], start_step[alive] + p
+        ids = chain.state_ids[r, step]
+        view = select_cache_rows(cache, r)
+        mask = calls.decoder_mask(view, ids, torch.nn.functional.pad(attention[r], (0, length), value=True))
+        out = calls.decode(view, ids, start, mask, self_conditioning_logits=previous)
+        at_state = (depth == p).nonzero().squeeze(1)
+        position = torch.searchsorted(alive, state_chain[at_state])  # `alive` is sorted
+        for i, k in zip(at_state.tolist(), position.tolist()):
+            hidden[i] = out[k]
+        if p < int(need[alive].max().item()):
+            temperature = chain.temperature[r, step].view(-1, 1, 1)
+            previous = (calls.head(out) / temperature).to(embedding_dtype)
+    return torch.stack(hidden)
+
+
+def decode_recorded(calls, cache, attention, start: int, canvas_ids, sc, present, rows, carrier: str):
+    """Decoder hidden states (n, L, H) of states of one canvas, rows ``rows`` of ``cache``, each fed its recorded
+    self-conditioning input ``sc`` (zeros where ``present`` is False) as a constant."""
+    view = select_cache_rows(cache, rows)
+    decoder_attention = torch.nn.functional.pad(attention[rows], (0, calls.canvas_length), value=True)
+    mask = calls.decoder_mask(view, canvas_ids, decoder_attention)
+    if carrier == "embedding":
+        with calls.soft_embedding_hook(replace=sc * present.to(sc.dtype)[:, None, None]):
+            return calls.decode(view, canvas_ids, start, mask)
+    return calls.decode(view, canvas_ids, start, mask, self_conditioning_logits=sc, self_conditioning_mask=present)
+
+
 def replay_logits(model, prompt_ids, prompt_mask, completion_ids, canvas, state_ids, self_conditioning,
-                  has_self_conditioning, carrier: str) -> torch.Tensor:
+                  has_self_conditioning, carrier: str, chain: SelfConditioningChain | None = None) -> torch.Tensor:
     """The decoder's logits (n, L, V) at ``n`` recorded states, recomputed as the rollout computed them (with
     gradient when enabled), in one forward of the wrapped ``model``: the states' rows' prompts and finished canvases
     are encoded chunk by chunk as ``generate`` encoded them, and each state's decoder call reads the cache of the
@@ -448,8 +527,10 @@ def replay_logits(model, prompt_ids, prompt_mask, completion_ids, canvas, state_
 
     ``prompt_ids`` / ``prompt_mask`` (R, P) and ``completion_ids`` (R, G): the rows, at the rollout's prompt width.
     Per state, flattened over (row, slot): ``canvas`` (R, k) canvas index (−1: no state), ``state_ids`` (R, k, L),
-    ``self_conditioning`` (R, k, L, H or V), ``has_self_conditioning`` (R, k). Returns logits for the states in
-    row-major order of ``canvas >= 0``.
+    ``self_conditioning`` (R, k, L, H or V), ``has_self_conditioning`` (R, k): the recorded input, a constant of the
+    forward. With ``chain``, the self-conditioning input is recomputed through the canvas's earlier steps instead
+    (:func:`decode_through_chain`; ``self_conditioning``, ``has_self_conditioning`` and ``carrier`` are not read).
+    Returns logits for the states in row-major order of ``canvas >= 0``.
     """
     calls = _Calls(model)
     length = calls.canvas_length
@@ -468,18 +549,12 @@ def replay_logits(model, prompt_ids, prompt_mask, completion_ids, canvas, state_
             here = (canvas[rows, slots] == c).nonzero().squeeze(1)
             if here.numel():
                 r, j = rows[here], slots[here]
-                view = select_cache_rows(cache, r)
-                canvas_ids = state_ids[r, j]
-                decoder_attention = torch.nn.functional.pad(attention[r], (0, length), value=True)
-                mask = calls.decoder_mask(view, canvas_ids, decoder_attention)
-                sc, present = self_conditioning[r, j], has_self_conditioning[r, j]
-                if carrier == "embedding":
-                    with calls.soft_embedding_hook(replace=sc * present.to(sc.dtype)[:, None, None]):
-                        hidden.append(calls.decode(view, canvas_ids, start, mask))
-                else:
-                    hidden.append(calls.decode(view, canvas_ids, start, mask, self_conditioning_logits=sc,
-                                               self_conditioning_mask=present))
                 order.append(here)
+                if chain is not None:
+                    hidden.append(decode_through_chain(calls, cache, attention, start, r, j, chain))
+                else:
+                    hidden.append(decode_recorded(calls, cache, attention, start, state_ids[r, j],
+                                                  self_conditioning[r, j], has_self_conditioning[r, j], r, carrier))
             if c < last:
                 attention = torch.nn.functional.pad(attention, (0, length), value=True)
                 calls.encode(cache, completion_ids[:, c * length : (c + 1) * length], attention, start)

@@ -2,18 +2,19 @@
 
 A DiffusionGemma rollout (:class:`~dllm_trl.generation.DiffusionGemmaSampler`) draws, at every step ``n`` of every
 canvas, ``y_{n,i} ~ π_θ(· | x_n, sc_n, T_n)`` at each position and keeps it on the accept set ``A_n``; the other
-positions are re-noised with uniform tokens, which do not depend on θ. So the log-likelihood of the recorded
-trajectory under π_θ is, up to terms free of θ, ``Σ_n Σ_{i∈A_n} log π_θ(y_{n,i} | x_n, sc_n, T_n)``: the **exact
-per-step term** is a sum over the accepted tokens of each step, and a position accepted at several steps contributes
-once per step. :class:`DiffusionGemmaRLDFLoss` builds RLDF on it:
+positions are re-noised with uniform tokens, which do not depend on θ. ``sc_n`` is the self-conditioning input: the
+previous step's tempered logits (zeros at a canvas's first step), so it depends on θ through every earlier step of the
+canvas. Given the accept sets, the log-likelihood of the recorded draws is ``Σ_n Σ_{i∈A_n} log π_θ(y_{n,i} | x_n, sc_n,
+T_n)``; a position accepted at several steps counts once per step. :class:`DiffusionGemmaRLDFLoss` builds RLDF on
+these per-step terms:
 
 * **Weighted timestep sampling** (Alg. 2, Eq. 5–6): per row, over its recorded steps (the steps it was still
   denoising, in the canvases up to the one that finished its sequence), ``P_n = −mean_{i∈A_n} log π_old(y_{n,i})``
   from the rollout's record; ``k`` steps drawn without replacement from ``softmax(P / τ)``.
-* **Targets** (``policy_estimator``): ``"sequential"`` — the accepted tokens ``A_n`` with their drawn tokens ``y``
-  (the exact per-step term); ``"rldf"`` — those plus the **clipped clean target**: positions outside ``A_n`` inside the
-  completion proper (up to its first EOS) whose final token (the argmax the canvas ended on) the detached π_old
-  predicts at the state with probability ≥ ``clean_target_threshold``; their target is that final token.
+* **Targets** (``policy_estimator``): ``"sequential"`` — the accepted tokens ``A_n`` with their drawn tokens ``y``;
+  ``"rldf"`` — those plus the **clipped clean target**: positions outside ``A_n`` inside the completion proper (up to
+  its first EOS) whose final token (the argmax the canvas ended on) the detached π_old predicts at the state with
+  probability ≥ ``clean_target_threshold``; their target is that final token.
 * **Terms**: REINFORCE / PPO (``num_iterations > 1``) and the k3 KL against the reference, at the same state, per
   target token — the masked-diffusion :class:`~dllm_trl.losses.RLDFLoss`'s own per-token code, normalisation and
   metrics. The distribution is the temperature-scaled one the rollout drew from (``softmax(logits / T_n)``).
@@ -24,20 +25,47 @@ once per step. :class:`DiffusionGemmaRLDFLoss` builds RLDF on it:
   a micro-batch form one forward (one backward), as the encoder cache is shared by them, unless
   ``states_per_forward`` splits them (memory: each forward holds its states' full-vocabulary logits).
 
-Approximations (everything else is the rollout's own computation):
+**What the gradient is the gradient of.** With ``sequential`` targets and REINFORCE, the default
+(``self_conditioning_gradient="recorded"``) differentiates
 
-* the gradient through the **self-conditioning chain** is dropped: each state's self-conditioning input is the
-  rollout's record, a constant (with the ``"embedding"`` carrier and trained embeddings, also its dependence on ``E``);
-* with the ``"embedding"`` carrier the soft embedding is the rollout policy's, ``softmax(logits) · E``: exact for
-  π_θ and for the KL reference while they share the frozen ``E`` (LoRA, whose reference is the base model), not for
-  a reference with other embeddings or after an update of ``E`` (then use the ``"logits"`` carrier);
-* the **accept sets** and the **final argmax** are deterministic functions of the logits, treated as fixed (no
-  gradient; the argmax that defines the clean targets and the output is not a sampled decision);
-* the clean targets (``"rldf"``) are RLDF's biased x₀ estimator, as for masked diffusion; ``"sequential"`` is the
-  exact score function of the sampled trajectory.
+    Σ_rows A Σ_{n∈S} c_n Σ_{i∈A_n} log π_θ(y_{n,i} | x_n, sc_rec_n, T_n)
 
-Accepted positions after the first EOS of the EOS canvas count in the exact term: their draws shape the canvas's other
-positions through bidirectional attention. Steps of canvases after the row finished (all padding) do not.
+(``S``: the row's ``k`` sampled steps; ``c_n``: the normalisation weight of the step's targets, e.g. ``1 / (|Ô_n| · k
+· rows)`` under ``"sample"``); ``rldf`` adds the clean targets' terms, PPO and the KL replace ``A log π_θ`` by their
+per-token functions of the same ``log π_θ``. Held fixed, with no gradient:
+
+* ``sc_rec_n``, the **self-conditioning input the rollout recorded** (a constant of the forward: no gradient runs
+  through the self-conditioning chain, step n+1's logits feeding step n's input; with the ``"embedding"`` carrier the
+  recorded soft embedding also holds its dependence on ``E``); the reference and π_old read the same recorded input;
+* the **accept sets** ``A_n`` and the **final argmax** (the clean targets, the output): deterministic, discontinuous
+  functions of the logits, not differentiated;
+* the **sampled steps**: ``k`` of the row's ``N`` steps, drawn by π_old's uncertainty, scored with **no importance
+  correction**, so the sum over ``S`` is a biased stand-in for the sum over all steps.
+
+It is therefore not the score function of the sampled trajectory: an independent check on tiny models (issue 32)
+found its cosine to the gradient through the self-conditioning chain 0.79–0.89 (relative error 0.46–0.67), and the
+step sampling moving it further (cosine 0.64–0.79 to the all-steps frozen-chain gradient).
+
+``self_conditioning_gradient="chain"`` recomputes ``sc_n`` instead of reading the record: from the canvas's first
+step (zeros) through step ``n+1``, each step's decoder call reads its recorded canvas ``x`` and the previous recomputed
+input, ``sc_n(θ) = logits_θ(x_{n+1}, sc_{n+1}(θ)) / T_{n+1}``; the sum above with ``sc_n(θ)`` in place of ``sc_rec_n``
+is differentiated through the whole chain. π_old and the reference are scored through their own chains. At the
+rollout's weights the recomputed input equals the recorded one (up to float rounding; with the ``"embedding"``
+carrier while ``E`` is the rollout's), so the forward value is unchanged. Still held fixed: the accept sets, the final
+argmax, and the step sampling (with every step scored and ``sequential`` targets, the sum is the log-likelihood of the
+recorded draws given the accept sets). Cost: one extra decoder call per earlier step of each sampled step's canvas
+(shared by a row's sampled steps in that canvas), in the π_old, reference and loss forwards, and the activations of
+those calls for the backward (docs/diffusion_gemma.md measures it). Refused where a forward is a collective of every
+process (FSDP, ZeRO-3): the decoder calls per forward follow each process's own sampled steps.
+
+Other approximations: with the ``"embedding"`` carrier (default) the recorded soft embedding is the rollout policy's,
+``softmax(logits) · E``: exact for π_θ and for the KL reference while they share the frozen ``E`` (LoRA, whose
+reference is the base model), not for a reference with other embeddings or after an update of ``E`` (then use the
+``"logits"`` carrier or ``"chain"``); the clean targets (``"rldf"``) are RLDF's biased x₀ estimator, as for masked
+diffusion.
+
+Accepted positions after the first EOS of the EOS canvas count in the per-step terms: their draws shape the canvas's
+other positions through bidirectional attention. Steps of canvases after the row finished (all padding) do not.
 """
 
 from __future__ import annotations
@@ -46,14 +74,19 @@ import dataclasses
 
 import torch
 
-from ..generation.diffusion_gemma import replay_logits
+from ..generation.diffusion_gemma import SelfConditioningChain, replay_logits
 from ..models.diffusion_gemma import is_diffusion_gemma
-from ..models.engines import unwrap_model
+from ..models.engines import forwards_are_collective, unwrap_model
 from .rldf_terms import INVALID_STEP, sample_timesteps
 from .rldf_loss import LossCall, RLDFLoss, rollout_entries
 from .trust_region_loss import TrustRegionTerms
 
 DIFFUSION_GEMMA_ESTIMATORS = ("rldf", "sequential")
+SELF_CONDITIONING_GRADIENTS = ("recorded", "chain")
+"""``"recorded"``: each state reads the rollout's self-conditioning input, a constant; ``"chain"``: the input is
+recomputed with gradient through the canvas's earlier steps."""
+CHAIN_KEYS = ("chain_state_ids", "chain_canvas", "chain_temperature")
+"""Batch entries of the rollout's whole record (per row, every step) that the ``"chain"`` replay reads."""
 
 MASK_DIFFUSION_FIELDS = {
     "unmasking": "DiffusionGemma accepts tokens by an entropy bound: set entropy_bound on DiffusionGemmaSamplerConfig",
@@ -109,17 +142,25 @@ def check_no_mask_token(model) -> None:
 class DiffusionGemmaRLDFLoss(RLDFLoss):
     """RLDF on DiffusionGemma's recorded denoising steps (module docstring). Pass ``loss=DiffusionGemmaRLDFLoss(args)``
     with ``sampler=DiffusionGemmaSampler(...)`` to :class:`~dllm_trl.RLDFTrainer`. ``states_per_forward``: sampled
-    steps per loss forward (None: all of a micro-batch's in one, sharing one encoder pass)."""
+    steps per loss forward (None: all of a micro-batch's in one, sharing one encoder pass).
+    ``self_conditioning_gradient``: ``"recorded"`` (default) feeds each sampled state the rollout's
+    self-conditioning input, held fixed; ``"chain"`` recomputes it through the canvas's earlier steps, so the gradient
+    also runs through the self-conditioning chain (module docstring; costs one decoder call per earlier step)."""
 
     packs_block_states = False
     targets_from_loss_forward = False
     """The clean targets are fixed by a no-grad π_old pass over the sampled states before the loss."""
     supported_estimators = DIFFUSION_GEMMA_ESTIMATORS
 
-    def __init__(self, args, states_per_forward: int | None = None):
+    def __init__(self, args, states_per_forward: int | None = None, self_conditioning_gradient: str = "recorded"):
         super().__init__(args)
         if states_per_forward is not None and states_per_forward < 1:
             raise ValueError(f"states_per_forward={states_per_forward} must be ≥ 1 (or None: all sampled steps in one).")
+        if self_conditioning_gradient not in SELF_CONDITIONING_GRADIENTS:
+            raise ValueError(f"self_conditioning_gradient={self_conditioning_gradient!r}: expected one of "
+                             f"{SELF_CONDITIONING_GRADIENTS} ('recorded': the rollout's input held fixed; 'chain': "
+                             "the gradient through the self-conditioning chain).")
+        self.self_conditioning_gradient = self_conditioning_gradient
         # A forward holds the float32 logits of its states, (rows × steps, L, V): 268 MB per state at L = 256,
         # V = 262 144, about three times that with the log-softmax and its gradient. Fewer steps per forward bound it,
         # at the cost of one encoder pass per forward.
@@ -198,14 +239,21 @@ class DiffusionGemmaRLDFLoss(RLDFLoss):
             "state_ids": record.state_ids[rows, s],
             "state_temperature": record.temperature[s],
             "state_accept": accept,
-            # The drawn token where accepted (the exact term), the final output token elsewhere (clean targets).
+            # The drawn token where accepted (the per-step term), the final output token elsewhere (clean targets).
             "state_target_ids": torch.where(accept, record.accepted_ids[rows, s], final),
             "state_valid": output.completion_mask.gather(1, span.flatten(1)).view_as(span).bool(),
             "state_rollout_logps": record.accepted_logps[rows, s],
-            "state_self_conditioning": record.self_conditioning[rows, s],
+            # "chain" recomputes the sampled states' inputs from the whole record's canvases (below) instead.
+            **({} if self.self_conditioning_gradient == "chain"
+               else {"state_self_conditioning": record.self_conditioning[rows, s]}),
             "state_has_self_conditioning": record.has_self_conditioning[s] & valid,
             "state_sc_is_logits": torch.full((sampled.shape[0],), record.carrier == "logits", device=s.device),
         }
+        if self.self_conditioning_gradient == "chain":
+            batch = sampled.shape[0]
+            trajectory["chain_state_ids"] = record.state_ids
+            trajectory["chain_canvas"] = record.canvas.unsqueeze(0).expand(batch, -1).clone()
+            trajectory["chain_temperature"] = record.temperature.unsqueeze(0).expand(batch, -1).clone()
         weight = uncertainty.float().gather(1, s)[valid]
         return trajectory, (weight.sum(), float(weight.numel()))
 
@@ -237,9 +285,26 @@ class DiffusionGemmaRLDFLoss(RLDFLoss):
         live = pick("sampled_steps") != INVALID_STEP
         canvas = torch.where(live, pick("state_canvas"), -1)
         carrier = "logits" if bool(batch["state_sc_is_logits"][rows].any()) else "embedding"
+        if self.self_conditioning_gradient == "chain":
+            if forwards_are_collective(model):
+                raise ValueError("self_conditioning_gradient='chain' is not supported where a forward is a collective "
+                                 "of every process (FSDP, ZeRO-3): its decoder calls per forward follow each process's "
+                                 "own sampled steps, so the weight gathers would not pair up; use DDP or ZeRO-1/2, or "
+                                 "self_conditioning_gradient='recorded'.")
+            missing = [key for key in CHAIN_KEYS if key not in batch]
+            if missing:
+                raise ValueError(f"self_conditioning_gradient='chain' replays the rollout's whole record, and this "
+                                 f"batch lacks {missing}: build it with this loss's sample_states (a loss made with "
+                                 "self_conditioning_gradient='recorded' keeps only the sampled states).")
+            chain = SelfConditioningChain(steps=pick("sampled_steps").clamp_min(0),
+                                          state_ids=batch["chain_state_ids"][rows],
+                                          canvas=batch["chain_canvas"][rows],
+                                          temperature=batch["chain_temperature"][rows])
+            sc = present = None
+        else:
+            chain, sc, present = None, pick("state_self_conditioning"), pick("state_has_self_conditioning")
         logits = replay_logits(model, batch["rollout_prompt_ids"][rows], batch["rollout_prompt_mask"][rows],
-                               batch["rollout_ids"][rows], canvas, pick("state_ids"), pick("state_self_conditioning"),
-                               pick("state_has_self_conditioning"), carrier)
+                               batch["rollout_ids"][rows], canvas, pick("state_ids"), sc, present, carrier, chain)
         where = live.nonzero(as_tuple=True)
         scaled = logits.float() / pick("state_temperature")[where].view(-1, 1, 1)
         return where, scaled.log_softmax(-1)
@@ -312,8 +377,9 @@ class DiffusionGemmaTrustRegionLoss(TrustRegionTerms, DiffusionGemmaRLDFLoss):
 
     logs_ppo_terms = False
 
-    def __init__(self, args, vocab_size: int, states_per_forward: int | None = None):
-        DiffusionGemmaRLDFLoss.__init__(self, args, states_per_forward)
+    def __init__(self, args, vocab_size: int, states_per_forward: int | None = None,
+                 self_conditioning_gradient: str = "recorded"):
+        DiffusionGemmaRLDFLoss.__init__(self, args, states_per_forward, self_conditioning_gradient)
         TrustRegionTerms.__init__(self, args, vocab_size, 1.0)  # π_θ is tempered per step (T_n), not by args
 
     @property
