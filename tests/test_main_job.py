@@ -194,3 +194,11 @@ def test_the_main_job_resumes_after_kill_9_to_the_same_weights(tmp_path):
     assert expected.keys() == got.keys()
     for name in expected:
         torch.testing.assert_close(got[name], expected[name], rtol=0, atol=0, msg=name)
+
+
+def test_the_reward_plot_of_an_interrupted_run_has_no_after_accuracy(tmp_path):
+    """SIGTERM stops the job before the final evaluation (accuracy_after None): the plot still writes."""
+    from dllm_trl.__main__ import _plot
+
+    _plot([0.2, 0.4, 0.3], [(2, 0.5)], 0.4, None, tmp_path / "curve.png")
+    assert (tmp_path / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -277,8 +277,9 @@ def _plot(rewards, accuracies, accuracy_before, accuracy_after, path):
     ax.set_ylabel("reward / solve rate")
     ax.set_ylim(-0.02, 1.02)
     title = "RLDF on 4×4 Sudoku (toy diffusion LM)"
-    if accuracy_before is not None:
-        title += f": solve rate {accuracy_before:.2f} → {accuracy_after:.2f}"
+    if accuracy_before is not None:  # an interrupted run stops before its final evaluation
+        after = "(interrupted)" if accuracy_after is None else f"{accuracy_after:.2f}"
+        title += f": solve rate {accuracy_before:.2f} → {after}"
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", fontsize=8)
