@@ -1135,6 +1135,28 @@ DIRECTION_HEADER = (
 )
 
 
+def engine_mismatch_lines(runs) -> list[str]:
+    """The rollout–training mismatch of vLLM runs by method (:func:`rollout_mismatch` of each rollout batch): the
+    mean over runs of each run's mean over its rollouts, and the largest over all; none without ``rollout_mismatch``."""
+    if not any(r.get("rollout_mismatch") for r in runs):
+        return []
+    lines = ["Rollout–training mismatch on the sampled tokens (|log π_old(a) − log μ(a)|, π_old the float32 trainer, μ "
+             "the engine; every rollout batch of every run; mean over runs ± std of each run's mean over its rollouts):",
+             "", "| method | rollouts | first rollout, mean | all rollouts, mean | q99 (mean over rollouts) | max "
+             "| k3 KL(μ‖π_old), mean |", "|---|---|---|---|---|---|---|"]
+    for method in METHODS:
+        rows = [r["rollout_mismatch"] for r in runs if r["method"] == method and r.get("rollout_mismatch")]
+        if not rows:
+            continue
+        per_run = lambda key: [statistics.fmean(b[key] for b in batches) for batches in rows]
+        first = _mean_std([batches[0]["abs_logp_mean"] for batches in rows])
+        lines.append(f"| {LABELS[method]} | {sum(len(b) for b in rows)} | {_fmt(first, 4)} | "
+                     f"{_fmt(_mean_std(per_run('abs_logp_mean')), 4)} | {_fmt(_mean_std(per_run('abs_logp_q99')), 3)} | "
+                     f"{max(b['abs_logp_max'] for batches in rows for b in batches):.3f} | "
+                     f"{_fmt(_mean_std(per_run('kl_k3_mean')), 5)} |")
+    return lines + [""]
+
+
 def direction_lines(runs, part="all") -> list[str]:
     """The direction-agreement table of one model's runs, pooled over seeds per method and over all methods."""
     lines = [DIRECTION_HEADER]
@@ -1183,6 +1205,17 @@ def profile_lines(runs) -> list[str]:
     return lines
 
 
+def rollout_description(setup) -> str:
+    """Who generated the rollouts, in the words of the table's introduction."""
+    if setup.get("rollout_engine") == "vllm":
+        temperature = setup.get("engine_temperature")
+        return (f"rollouts from a colocated vLLM engine in {setup['engine_dtype']} (training in float32)"
+                + (f", sampling at temperature {temperature:g} while the trainer scores at 1 (μ ≠ π_old)"
+                   if temperature is not None else "") + "; clipped surrogates without TRL's importance sampling")
+    quant = setup.get("rollout_quant", "none")
+    return f"rollout weights: {'full precision' if quant == 'none' else quant + ' fake-quantised (μ ≠ π_old)'}"
+
+
 def markdown(store, args) -> str:
     setup = store["setup"]
     fraction = args.collapse_fraction
@@ -1193,7 +1226,7 @@ def markdown(store, args) -> str:
         f"generations per rollout, each rollout reused for num_iterations = {setup['num_iterations']} passes"
         f"{' in ' + str(setup['minibatches']) + ' minibatches' if setup.get('minibatches', 1) > 1 else ''}, lr "
         f"{setup['learning_rate']:g} constant, β 0, δ = {setup['delta']:g} nats (top-K KL, K = {setup['top_k']}); "
-        f"rollout weights: {'full precision' if quant == 'none' else quant + ' fake-quantised (μ ≠ π_old)'}"
+        f"{rollout_description(setup)}"
         f"{'; diffusion rollout cache: ' + setup['cache_mode'] if 'cache_mode' in setup else ''}. "
         f"Greedy solve rate and avg@{n} ({n} temperature-1 samples per puzzle): first {setup['eval_size']} puzzles of "
         "the test split; mean ± sample std over seeds. Collapse: the training reward (trailing mean of 3 rollouts) "
@@ -1237,6 +1270,7 @@ def markdown(store, args) -> str:
                 f"{_fmt(s['outside'], 2, True)} | {s['seconds'][0]:.0f} |"
             )
         lines.append("")
+        lines += engine_mismatch_lines(runs)
         mask_runs = [r for r in runs if "direction_agreement" in r]
         if mask_runs:
             lines += ["Direction agreement on the tokens outside the region with A ≠ 0, pooled over seeds: the sign of "

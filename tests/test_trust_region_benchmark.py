@@ -417,3 +417,17 @@ def test_vllm_mode_trains_a_step_and_records_the_engine_mismatch(trust_region, t
     assert row["source"] == "vllm:float32" and row["tokens"] > 0 and row["abs_logp_max"] < 1e-4
     assert row["dropped_dppo_0.05"] == 0.0
     assert "| vllm:float32 |" in (tmp_path / "vllm_mm_table.md").read_text()
+
+
+def test_engine_mismatch_lines_average_runs_then_rollouts(trust_region):
+    batch = lambda mean, q99, top, k3: dict(tokens=10, abs_logp_mean=mean, abs_logp_q99=q99, abs_logp_max=top,
+                                            kl_k3_mean=k3)
+    runs = [dict(method="dppo_topk_kl", rollout_mismatch=[batch(0.001, 0.01, 0.1, 1e-5), batch(0.003, 0.03, 0.5, 3e-5)]),
+            dict(method="dppo_topk_kl", rollout_mismatch=[batch(0.002, 0.02, 0.2, 2e-5), batch(0.002, 0.02, 0.2, 2e-5)]),
+            dict(method="grpo_clip_higher")]  # a run without the field: no row
+    lines = trust_region.engine_mismatch_lines(runs)
+    (row,) = [line for line in lines if line.startswith("| DPPO")]
+    # first rollouts 0.001, 0.002 -> 0.0015 ± 0.0007; per-run means 0.002, 0.002 -> 0.0020 ± 0.0000
+    assert row == ("| DPPO top-K KL (ratio direction) | 4 | 0.0015 ± 0.0007 | 0.0020 ± 0.0000 | 0.020 ± 0.000 | 0.500 "
+                   "| 0.00002 ± 0.00000 |")
+    assert trust_region.engine_mismatch_lines([dict(method="dppo_topk_kl")]) == []
