@@ -973,6 +973,12 @@ def run_one(model_kind, method, seed, args) -> dict:
             if model_kind == "causal":
                 rescorer = Rescorer(trainer, isolated=None if args.isolated_sample < 0 else args.isolated_sample,
                                     seed=seed)
+        if vllm:
+            # The engine samples from this process's torch RNG, and building an engine reseeds it with vLLM's own seed
+            # (0): only the first run of a process builds one (shared_engines), so every run reseeds here, after it.
+            from transformers import set_seed
+
+            set_seed(seed)
         start = time.perf_counter()
         trainer.train()
         train_seconds = time.perf_counter() - start
