@@ -42,6 +42,18 @@ Markdown table and a PNG plot::
         --seeds 0 1 2 3 4 --name trust_region          # the first, uncalibrated study (superseded)
     python benchmarks/trust_region.py --analysis direction --inputs docs/trust_region_stress_delta0.05.json  # pooled
 
+Issue 33, rollouts from a real inference engine: ``--rollout-engine vllm`` rolls the causal toy out with a colocated
+vLLM engine (TRL's ``use_vllm``, docs/vllm.md) in ``--engine-dtype`` (bfloat16 by default) while training runs in
+float32, so μ (the engine's top-K log-probs) differs from π_old by the engine's own numerics; ``--engine-temperature``
+adds a sampling-configuration stress (the engine samples at that temperature, the trainer scores at 1). Every run
+records the mismatch of each rollout batch (:func:`rollout_mismatch`) and the trainer's ``sampling/*`` metrics per
+step. ``--analysis mismatch`` measures the step-0 mismatch of several rollout sources against the float32 trainer and
+the share of tokens each trust region drops because of it::
+
+    python benchmarks/trust_region.py --analysis mismatch --name trust_region_vllm_mismatch
+    python benchmarks/trust_region.py --rollout-engine vllm --methods grpo_clip_higher ppo_ratio_mask dppo_topk_kl \
+        predictive_agg --seeds 0 1 2 3 4 5 --name trust_region_vllm_bf16
+
 ``--models diffusion_gemma`` adds the DiffusionGemma Sudoku toy (``load_sudoku_diffusion_gemma()``;
 docs/trust_region.md, "DiffusionGemma column"): the clipped surrogates through :class:`~dllm_trl.RLDFTrainer` with
 ``DiffusionGemmaRLDFLoss`` (its PPO terms at ``num_iterations > 1``), the divergence masks through
