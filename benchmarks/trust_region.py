@@ -192,10 +192,10 @@ def parse_args(argv=None):
     if args.engine_temperature is not None and not args.engine_temperature > 0:
         raise SystemExit(f"--engine-temperature {args.engine_temperature}: the engine samples, so it must be > 0.")
     if vllm and args.isolated_sample is not None and args.isolated_sample >= 0:
-        raise SystemExit("--isolated-sample: the isolated first-order check fails with a colocated vLLM engine (the "
-                         "engine initialises torch.distributed, accelerate then wraps the policy in "
-                         "DistributedDataParallel, and autograd finds the check's float64 copy's parameters unused); "
-                         "pass --isolated-sample -1 or leave it out with --rollout-engine vllm.")
+        raise SystemExit("--isolated-sample: the isolated first-order check fails with a colocated vLLM engine "
+                         "(autograd finds the check's float64 copy's parameters unused; likely because the engine "
+                         "initialises torch.distributed and accelerate then wraps the policy in "
+                         "DistributedDataParallel); pass --isolated-sample -1 or leave it out with --rollout-engine vllm.")
     if args.isolated_sample is None:
         args.isolated_sample = -1 if vllm else 2
     if args.rollout_quant is None:
