@@ -154,7 +154,8 @@ def parse_args(argv=None):
     parser.add_argument("--report-only", action="store_true", help="Only rewrite the table and plot from the JSON.")
     parser.add_argument("--rollout-engine", choices=ROLLOUT_ENGINES, default="transformers",
                         help="Causal toy: who generates the rollouts. vllm: a colocated vLLM engine (TRL's use_vllm, "
-                             "docs/vllm.md), μ = its top-K log-probs, in --engine-dtype while training runs in float32.")
+                             "docs/vllm.md), μ = its top-K log-probs, in --engine-dtype while training runs in "
+                             "float32.")
     parser.add_argument("--engine-dtype", choices=ENGINE_DTYPES, default="bfloat16",
                         help="vLLM engine precision (default bfloat16: the engine-vs-float32-training mismatch).")
     parser.add_argument("--engine-temperature", type=float, default=None,
@@ -195,7 +196,8 @@ def parse_args(argv=None):
         raise SystemExit("--isolated-sample: the isolated first-order check fails with a colocated vLLM engine "
                          "(autograd finds the check's float64 copy's parameters unused; likely because the engine "
                          "initialises torch.distributed and accelerate then wraps the policy in "
-                         "DistributedDataParallel); pass --isolated-sample -1 or leave it out with --rollout-engine vllm.")
+                         "DistributedDataParallel); pass --isolated-sample -1 or leave it out with "
+                         "--rollout-engine vllm.")
     if args.isolated_sample is None:
         args.isolated_sample = -1 if vllm else 2
     if args.rollout_quant is None:
@@ -557,7 +559,8 @@ def install_rollout_quantisation(trainer, kind: str) -> None:
 
 # ------------------------------------------------------------------------------------ vLLM rollouts (issue 33)
 ENGINE_KV_CACHE_BYTES = 1 << 26
-"""64 MiB of KV cache: the toy's rollouts need far less, and vLLM's CPU worker would otherwise reserve a share of RAM."""
+"""64 MiB of KV cache: the toy's rollouts need far less, and vLLM's CPU worker would otherwise reserve a share of
+RAM."""
 
 
 def engine_kwargs(dtype: str) -> dict:
@@ -803,7 +806,8 @@ def mismatch_markdown(rows: list[dict], deltas=MISMATCH_DELTAS) -> str:
     lines += ["", "Share of the sampled tokens dropped at step 0 (π_θ = π_old: by the mismatch alone); TRL's clipped "
               "surrogates (ratio to π_old) drop none:", "",
               "| rollout source | clip-higher ratio test against μ | "
-              + " | ".join(f"D > {d:g} | DPPO δ {d:g} | predictive agg. δ {d:g} | predictive uni. δ {d:g}" for d in deltas)
+              + " | ".join(f"D > {d:g} | DPPO δ {d:g} | predictive agg. δ {d:g} | predictive uni. δ {d:g}"
+                           for d in deltas)
               + " |", "|---|---|" + "---|" * (4 * len(deltas))]
     for row in rows:
         cells = [pct(row["dropped_clip_higher_vs_mu"])]
@@ -1158,8 +1162,9 @@ def engine_mismatch_lines(runs) -> list[str]:
     mean over runs of each run's mean over its rollouts, and the largest over all; none without ``rollout_mismatch``."""
     if not any(r.get("rollout_mismatch") for r in runs):
         return []
-    lines = ["Rollout–training mismatch on the sampled tokens (|log π_old(a) − log μ(a)|, π_old the float32 trainer, μ "
-             "the engine; every rollout batch of every run; mean over runs ± std of each run's mean over its rollouts):",
+    lines = ["Rollout–training mismatch on the sampled tokens (|log π_old(a) − log μ(a)|, π_old the float32 trainer, "
+             "μ the engine; every rollout batch of every run; mean over runs ± std of each run's mean over its "
+             "rollouts):",
              "", "| method | rollouts | first rollout, mean | all rollouts, mean | q99 (mean over rollouts) | max "
              "| k3 KL(μ‖π_old), mean |", "|---|---|---|---|---|---|---|"]
     for method in METHODS:
@@ -1169,7 +1174,8 @@ def engine_mismatch_lines(runs) -> list[str]:
         per_run = lambda key: [statistics.fmean(b[key] for b in batches) for batches in rows]
         first = _mean_std([batches[0]["abs_logp_mean"] for batches in rows])
         lines.append(f"| {LABELS[method]} | {sum(len(b) for b in rows)} | {_fmt(first, 4)} | "
-                     f"{_fmt(_mean_std(per_run('abs_logp_mean')), 4)} | {_fmt(_mean_std(per_run('abs_logp_q99')), 3)} | "
+                     f"{_fmt(_mean_std(per_run('abs_logp_mean')), 4)} | "
+                     f"{_fmt(_mean_std(per_run('abs_logp_q99')), 3)} | "
                      f"{max(b['abs_logp_max'] for batches in rows for b in batches):.3f} | "
                      f"{_fmt(_mean_std(per_run('kl_k3_mean')), 5)} |")
     return lines + [""]

@@ -394,9 +394,9 @@ def test_vllm_mode_refuses_what_it_cannot_honour(trust_region):
 
 @pytest.mark.vllm
 def test_vllm_mode_trains_a_step_and_records_the_engine_mismatch(trust_region, tmp_path):
-    """One rollout, two updates per method with a float32 colocated engine (one engine for the whole test): the mismatch fields are
-    written, the two methods see the same first rollout at a seed, and a float32 engine's μ is the trainer's π up to
-    float noise, in the study and in the step-0 mismatch analysis."""
+    """One rollout, two updates per method with a float32 colocated engine (one engine for the whole test): the
+    mismatch fields are written, the two methods see the same first rollout at a seed (3: not the engine's own seed),
+    and a float32 engine's μ is the trainer's π up to float noise, in the study and in the step-0 mismatch analysis."""
     pytest.importorskip("vllm")
     common = ["--rollout-engine", "vllm", "--engine-dtype", "float32", "--output-dir", str(tmp_path),
               "--eval-size", "4", "--num-generations", "4", "--prompts-per-step", "2"]
@@ -424,8 +424,9 @@ def test_vllm_mode_trains_a_step_and_records_the_engine_mismatch(trust_region, t
 def test_engine_mismatch_lines_average_runs_then_rollouts(trust_region):
     batch = lambda mean, q99, top, k3: dict(tokens=10, abs_logp_mean=mean, abs_logp_q99=q99, abs_logp_max=top,
                                             kl_k3_mean=k3)
-    runs = [dict(method="dppo_topk_kl", rollout_mismatch=[batch(0.001, 0.01, 0.1, 1e-5), batch(0.003, 0.03, 0.5, 3e-5)]),
-            dict(method="dppo_topk_kl", rollout_mismatch=[batch(0.002, 0.02, 0.2, 2e-5), batch(0.002, 0.02, 0.2, 2e-5)]),
+    runs = [dict(method="dppo_topk_kl",
+                 rollout_mismatch=[batch(0.001, 0.01, 0.1, 1e-5), batch(0.003, 0.03, 0.5, 3e-5)]),
+            dict(method="dppo_topk_kl", rollout_mismatch=[batch(0.002, 0.02, 0.2, 2e-5)] * 2),
             dict(method="grpo_clip_higher")]  # a run without the field: no row
     lines = trust_region.engine_mismatch_lines(runs)
     (row,) = [line for line in lines if line.startswith("| DPPO")]
