@@ -142,7 +142,7 @@ def parse_args(argv=None):
     parser.add_argument("--isolated-sample", type=int, default=None,
                         help="Direction analysis: per update, agreeing out-of-region tokens to measure in isolation "
                              "besides all disagreeing ones (negative: no isolated measurement; default 2, and none "
-                             "with --rollout-engine vllm, where it is refused).")
+                             "with --rollout-engine vllm).")
     parser.add_argument("--collapse-fraction", type=float, default=0.5,
                         help="Collapse: the training reward (trailing mean of 3 rollouts) ends below this fraction of "
                              "the first rollout's reward.")
@@ -192,13 +192,7 @@ def parse_args(argv=None):
         raise SystemExit("--engine-temperature sets the vLLM engine's sampling temperature: add --rollout-engine vllm.")
     if args.engine_temperature is not None and not args.engine_temperature > 0:
         raise SystemExit(f"--engine-temperature {args.engine_temperature}: the engine samples, so it must be > 0.")
-    if vllm and args.isolated_sample is not None and args.isolated_sample >= 0:
-        raise SystemExit("--isolated-sample: the isolated first-order check fails with a colocated vLLM engine "
-                         "(autograd finds the check's float64 copy's parameters unused; likely because the engine "
-                         "initialises torch.distributed and accelerate then wraps the policy in "
-                         "DistributedDataParallel); pass --isolated-sample -1 or leave it out with "
-                         "--rollout-engine vllm.")
-    if args.isolated_sample is None:
+    if args.isolated_sample is None:  # off with vLLM, as in the shipped vLLM study (docs/trust_region.md)
         args.isolated_sample = -1 if vllm else 2
     if args.rollout_quant is None:
         args.rollout_quant = "fp8_e5m2" if args.models == ["causal"] and not vllm else "none"
@@ -337,7 +331,9 @@ def isolated_changes(model, inputs, record, chosen, vocab_size, temperature=1.0,
 
     from dllm_trl.losses.divergence_masks import divergence, truncated_view
 
-    twin = copy.deepcopy(model).double()
+    # A colocated vLLM engine initialises torch.distributed, after which accelerate wraps the policy of the next
+    # trainer of the process in DistributedDataParallel (one process): differentiate the model itself.
+    twin = copy.deepcopy(getattr(model, "module", model)).double()
     params = [p for p in twin.parameters() if p.requires_grad]
     completion_mask = inputs["completion_mask"]
     if "tool_mask" in inputs:

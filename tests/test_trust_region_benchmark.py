@@ -381,7 +381,6 @@ def test_mismatch_markdown_lists_every_source_and_share(trust_region):
 def test_vllm_mode_refuses_what_it_cannot_honour(trust_region):
     for flags, message in ((["--models", "causal", "diffusion"], "causal toy only"),
                            (["--rollout-quant", "fp8_e5m2"], "leave --rollout-quant out"),
-                           (["--isolated-sample", "2"], "--isolated-sample"),
                            (["--engine-temperature", "0"], "> 0")):
         with pytest.raises(SystemExit, match=message):
             trust_region.parse_args(["--rollout-engine", "vllm", *flags])
@@ -389,19 +388,21 @@ def test_vllm_mode_refuses_what_it_cannot_honour(trust_region):
         trust_region.parse_args(["--engine-temperature", "0.6"])
     args = trust_region.parse_args(["--rollout-engine", "vllm"])
     assert (args.rollout_quant, args.isolated_sample, args.engine_dtype) == ("none", -1, "bfloat16")
+    assert trust_region.parse_args(["--rollout-engine", "vllm", "--isolated-sample", "2"]).isolated_sample == 2
     assert trust_region.parse_args([]).isolated_sample == 2  # the FP8 study's default is unchanged
 
 
 @pytest.mark.vllm
 def test_vllm_mode_trains_a_step_and_records_the_engine_mismatch(trust_region, tmp_path):
-    """One rollout, two updates per method with a float32 colocated engine (one engine for the whole test): the
-    mismatch fields are written, the two methods see the same first rollout at a seed (3: not the engine's own seed),
+    """One rollout, two updates per method with a float32 colocated engine (one engine for the whole test, and the
+    isolated direction check on): the mismatch fields are written, the two methods see the same first rollout at a seed (3: not the engine's own seed),
     and a float32 engine's μ is the trainer's π up to float noise, in the study and in the step-0 mismatch analysis."""
     pytest.importorskip("vllm")
     common = ["--rollout-engine", "vllm", "--engine-dtype", "float32", "--output-dir", str(tmp_path),
               "--eval-size", "4", "--num-generations", "4", "--prompts-per-step", "2"]
     store = trust_region.main([*common, "--steps", "2", "--num-iterations", "2", "--eval-samples", "2", "--seeds", "3",
-                               "--methods", "grpo_clip_higher", "dppo_topk_kl", "--name", "vllm_step"])
+                               "--methods", "grpo_clip_higher", "dppo_topk_kl", "--isolated-sample", "2",
+                               "--name", "vllm_step"])
     saved = json.loads((tmp_path / "vllm_step.json").read_text())
     assert saved["setup"]["rollout_engine"] == "vllm" and saved["setup"]["engine_dtype"] == "float32"
     clip, mask = saved["runs"]
@@ -414,6 +415,9 @@ def test_vllm_mode_trains_a_step_and_records_the_engine_mismatch(trust_region, t
     assert clip["rollout_mismatch"][0]["tokens"] == mask["rollout_mismatch"][0]["tokens"]
     assert mask["sampling_per_step"]["sampling/sampling_logp_difference/max"][0] < 1e-4
     assert store["runs"][1]["mu_from_rollout"] == 1.0
+    # The second trainer of the process is wrapped in DistributedDataParallel (the engine initialised
+    # torch.distributed): the isolated check still differentiates the policy, and its float64 copy agrees with D.
+    assert "isolated" in mask["direction_agreement"] and mask["isolated_check"] < 1e-4
     rows = trust_region.main([*common, "--analysis", "mismatch", "--sources", "vllm:float32", "--name", "vllm_mm"])
     (row,) = rows
     assert row["source"] == "vllm:float32" and row["tokens"] > 0 and row["abs_logp_max"] < 1e-4
