@@ -42,6 +42,18 @@ Markdown table and a PNG plot::
         --seeds 0 1 2 3 4 --name trust_region          # the first, uncalibrated study (superseded)
     python benchmarks/trust_region.py --analysis direction --inputs docs/results/trust_region_stress_delta0.05.json  # pooled
 
+Issue 33, rollouts from a real inference engine: ``--rollout-engine vllm`` rolls the causal toy out with a colocated
+vLLM engine (TRL's ``use_vllm``, docs/vllm.md) in ``--engine-dtype`` (bfloat16 by default) while training runs in
+float32, so μ (the engine's top-K log-probs) differs from π_old by the engine's own numerics; ``--engine-temperature``
+adds a sampling-configuration stress (the engine samples at that temperature, the trainer scores at 1). Every run
+records the mismatch of each rollout batch (:func:`rollout_mismatch`) and the trainer's ``sampling/*`` metrics per
+step. ``--analysis mismatch`` measures the step-0 mismatch of several rollout sources against the float32 trainer and
+the share of tokens each trust region drops because of it::
+
+    python benchmarks/trust_region.py --analysis mismatch --name trust_region_vllm_mismatch
+    python benchmarks/trust_region.py --rollout-engine vllm --methods grpo_clip_higher ppo_ratio_mask dppo_topk_kl \
+        predictive_agg --seeds 0 1 2 3 4 5 --name trust_region_vllm_bf16
+
 ``--models diffusion_gemma`` adds the DiffusionGemma Sudoku toy (``load_sudoku_diffusion_gemma()``;
 docs/trust_region.md, "DiffusionGemma column"): the clipped surrogates through :class:`~dllm_trl.RLDFTrainer` with
 ``DiffusionGemmaRLDFLoss`` (its PPO terms at ``num_iterations > 1``), the divergence masks through
@@ -69,6 +81,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 MODELS = ("causal", "diffusion", "diffusion_gemma")
+ROLLOUT_ENGINES = ("transformers", "vllm")
+ENGINE_DTYPES = ("float32", "bfloat16")
+MISMATCH_SOURCES = ("transformers", "transformers:fp8_e5m2", "vllm:float32", "vllm:bfloat16", "vllm:bfloat16:T=0.6")
+"""Rollout sources of ``--analysis mismatch`` (see :func:`parse_source`)."""
 ROLLOUT_QUANT = ("none", "fp8_e4m3", "fp8_e5m2", "int8")
 METHODS = {
     "grpo_clip_higher": dict(kind="clip", epsilon=0.2, epsilon_high=0.28),
@@ -123,9 +139,10 @@ def parse_args(argv=None):
     parser.add_argument("--minibatches", type=int, default=1,
                         help="Split each rollout batch into N minibatches, one optimizer step each (TRL's "
                              "steps_per_generation; causal toy): num_iterations × N updates per rollout.")
-    parser.add_argument("--isolated-sample", type=int, default=2,
+    parser.add_argument("--isolated-sample", type=int, default=None,
                         help="Direction analysis: per update, agreeing out-of-region tokens to measure in isolation "
-                             "besides all disagreeing ones (negative: no isolated measurement).")
+                             "besides all disagreeing ones (negative: no isolated measurement; default 2, and none "
+                             "with --rollout-engine vllm).")
     parser.add_argument("--collapse-fraction", type=float, default=0.5,
                         help="Collapse: the training reward (trailing mean of 3 rollouts) ends below this fraction of "
                              "the first rollout's reward.")
@@ -135,9 +152,23 @@ def parse_args(argv=None):
     parser.add_argument("--name", default=DEFAULT_NAME, help="Stem of the output files (default: the main study's).")
     parser.add_argument("--fresh", action="store_true", help="Ignore runs already in the JSON file.")
     parser.add_argument("--report-only", action="store_true", help="Only rewrite the table and plot from the JSON.")
-    parser.add_argument("--analysis", choices=["direction"],
+    parser.add_argument("--rollout-engine", choices=ROLLOUT_ENGINES, default="transformers",
+                        help="Causal toy: who generates the rollouts. vllm: a colocated vLLM engine (TRL's use_vllm, "
+                             "docs/vllm.md), μ = its top-K log-probs, in --engine-dtype while training runs in "
+                             "float32.")
+    parser.add_argument("--engine-dtype", choices=ENGINE_DTYPES, default="bfloat16",
+                        help="vLLM engine precision (default bfloat16: the engine-vs-float32-training mismatch).")
+    parser.add_argument("--engine-temperature", type=float, default=None,
+                        help="Stress: the vLLM engine samples at this temperature while the trainer scores π at the "
+                             "training temperature (1), a sampling-configuration mismatch μ ≠ π_old (default: none).")
+    parser.add_argument("--sources", nargs="+", default=list(MISMATCH_SOURCES),
+                        help="--analysis mismatch: rollout sources, 'transformers[:QUANT]' or "
+                             "'vllm:DTYPE[:T=TEMPERATURE]' (default: %(default)s).")
+    parser.add_argument("--analysis", choices=["direction", "mismatch"],
                         help="direction: pool the direction-agreement counts of the mask runs in the study JSON files "
-                             "given by --inputs and write {name}_direction.md (no training).")
+                             "given by --inputs and write {name}_direction.md (no training). mismatch: roll out the "
+                             "start checkpoint from each of --sources and compare its μ with the float32 trainer's π "
+                             "(the step-0 rollout mismatch and the share of tokens each trust region drops).")
     parser.add_argument("--inputs", nargs="+", default=[], help="Study JSON files for --analysis.")
     args = parser.parse_args(argv)
     if "diffusion_gemma" in args.models:
@@ -150,8 +181,21 @@ def parse_args(argv=None):
                 "for the causal toy only). Run the other toys separately for them (docs/trust_region.md)."
             )
     args.cache_mode = args.cache_mode or "dual"
+    vllm = args.rollout_engine == "vllm"
+    if vllm and args.models != ["causal"]:
+        raise SystemExit("--rollout-engine vllm rolls out the causal toy only (--models causal): vLLM does not return "
+                         "the per-step record the diffusion trainers train on (docs/vllm.md).")
+    if vllm and args.rollout_quant not in (None, "none"):
+        raise SystemExit("--rollout-quant fake-quantises transformers' rollout weights; with --rollout-engine vllm the "
+                         "mismatch is the engine's (--engine-dtype, --engine-temperature): leave --rollout-quant out.")
+    if args.engine_temperature is not None and not vllm:
+        raise SystemExit("--engine-temperature sets the vLLM engine's sampling temperature: add --rollout-engine vllm.")
+    if args.engine_temperature is not None and not args.engine_temperature > 0:
+        raise SystemExit(f"--engine-temperature {args.engine_temperature}: the engine samples, so it must be > 0.")
+    if args.isolated_sample is None:  # off with vLLM, as in the shipped vLLM study (docs/trust_region.md)
+        args.isolated_sample = -1 if vllm else 2
     if args.rollout_quant is None:
-        args.rollout_quant = "fp8_e5m2" if args.models == ["causal"] else "none"
+        args.rollout_quant = "fp8_e5m2" if args.models == ["causal"] and not vllm else "none"
     if args.quick:
         args.steps, args.seeds = 3, args.seeds[:1]
         if args.name == DEFAULT_NAME:
@@ -287,7 +331,9 @@ def isolated_changes(model, inputs, record, chosen, vocab_size, temperature=1.0,
 
     from dllm_trl.losses.divergence_masks import divergence, truncated_view
 
-    twin = copy.deepcopy(model).double()
+    # A colocated vLLM engine initialises torch.distributed, after which accelerate wraps the policy of the next
+    # trainer of the process in DistributedDataParallel (one process): differentiate the model itself.
+    twin = copy.deepcopy(getattr(model, "module", model)).double()
     params = [p for p in twin.parameters() if p.requires_grad]
     completion_mask = inputs["completion_mask"]
     if "tool_mask" in inputs:
@@ -507,6 +553,288 @@ def install_rollout_quantisation(trainer, kind: str) -> None:
 
     trainer._generate_single_turn = quantised
 
+# ------------------------------------------------------------------------------------ vLLM rollouts (issue 33)
+ENGINE_KV_CACHE_BYTES = 1 << 26
+"""64 MiB of KV cache: the toy's rollouts need far less, and vLLM's CPU worker would otherwise reserve a share of
+RAM."""
+
+
+def engine_kwargs(dtype: str) -> dict:
+    """``vllm.LLM`` arguments of the study's colocated engine: ``dtype``, eager (no inductor compile on 2 cores), a
+    small KV cache, and ``max_logprobs`` fixed so that every method's engine has the same arguments (one engine is
+    shared by all runs of a process, :func:`shared_engines`)."""
+    if dtype not in ENGINE_DTYPES:
+        raise ValueError(f"engine dtype {dtype!r}: one of {ENGINE_DTYPES}")
+    return {"dtype": dtype, "enforce_eager": True, "kv_cache_memory_bytes": ENGINE_KV_CACHE_BYTES, "max_logprobs": 20}
+
+
+_ENGINES: dict = {}
+
+
+@contextlib.contextmanager
+def shared_engines():
+    """Within the context TRL's colocate backend gets one ``vllm.LLM`` per set of arguments, built on first use and
+    reused by every later trainer in this process (an engine start is 3–9 s on 2 cores, a run 20 s). Reuse is exact:
+    each run pushes all its weights into the engine before its first rollout (``sync_weights`` at step 0, which also
+    resets the prefix cache), and the engine samples from the process's torch RNG, which the trainer seeds."""
+    from trl.generation import vllm_generation
+
+    from dllm_trl.generation.vllm_rollouts import replaced_attribute
+
+    build = vllm_generation.LLM
+
+    def engine(*llm_args, **llm_kwargs):
+        key = repr((llm_args, sorted(llm_kwargs.items())))
+        if key not in _ENGINES:
+            _ENGINES[key] = build(*llm_args, **llm_kwargs)
+        return _ENGINES[key]
+
+    with replaced_attribute(vllm_generation, "LLM", engine):
+        yield
+
+
+def vllm_trainer(kind, model, output_dir, settings, data, args):
+    """A causal trainer rolling out with a colocated vLLM engine in ``args.engine_dtype``: the divergence masks through
+    ``CausalDPPOMaskTrainer(use_vllm=True)`` (μ = the engine's top-K), the clipped surrogates through TRL's
+    ``GRPOTrainer(use_vllm=True)`` with the same engine backend (weights synced without CUDA) and TRL's importance
+    sampling correction off, so that, as in the FP8 study, their ratio is to π_old and they see the mismatch only
+    through the data it produced. ``--engine-temperature`` sets the engine's sampling temperature afterwards."""
+    from trl import GRPOConfig, GRPOTrainer
+    from trl.trainer import grpo_trainer
+
+    from dllm_trl.generation.vllm_rollouts import engine_rollouts_class, replaced_attribute
+    from dllm_trl.trainers import CausalDPPOMaskConfig, CausalDPPOMaskTrainer
+
+    engine = dict(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.05)
+    if kind == "clip":
+        config = GRPOConfig(output_dir=output_dir, **settings, **engine, vllm_importance_sampling_correction=False)
+        rollouts = engine_rollouts_class()
+
+        def build(*build_args, **build_kwargs):
+            return rollouts(*build_args, behaviour_top_k=0, engine_kwargs=engine_kwargs(args.engine_dtype),
+                            **build_kwargs)
+
+        with replaced_attribute(grpo_trainer, "VLLMGeneration", build):
+            trainer = GRPOTrainer(model=model, args=config, **data)
+    else:
+        settings = {k: v for k, v in settings.items() if k != "model_kind"}  # the causal config has one kind
+        config = CausalDPPOMaskConfig(output_dir=output_dir, **settings, **engine,
+                                      vllm_engine_kwargs=engine_kwargs(args.engine_dtype))
+        trainer = CausalDPPOMaskTrainer(model=model, args=config, **data)
+    if args.engine_temperature is not None:
+        trainer.vllm_generation.temperature = args.engine_temperature
+    return trainer
+
+
+def rollout_mismatch(old_logps, sampling_logps, mask) -> dict:
+    """The rollout–training mismatch of one rollout batch on the sampled tokens (``mask``): ``|log π_old(a) − log
+    μ(a)|`` mean / 99th percentile / max and the k3 estimate of KL(μ‖π_old), ``mean(r − 1 − log r)`` with
+    ``r = π_old(a)/μ(a)`` (the ``sampling/*`` metrics, computed for every method alike)."""
+    import torch
+
+    m = mask.bool()
+    log_ratio = (old_logps.double() - sampling_logps.double())[m]
+    if not log_ratio.numel():
+        raise ValueError("rollout_mismatch: no sampled tokens under the mask")
+    gap = log_ratio.abs()
+    return dict(tokens=int(gap.numel()), abs_logp_mean=float(gap.mean()),
+                abs_logp_q99=float(torch.quantile(gap, 0.99)), abs_logp_max=float(gap.max()),
+                kl_k3_mean=float((log_ratio.exp() - 1 - log_ratio).mean()))
+
+
+def record_rollout_mismatch(trainer) -> list:
+    """Appends :func:`rollout_mismatch` of every rollout batch the trainer generates to the returned list (from TRL's
+    ``old_per_token_logps``, the trainer's forward, and ``sampling_per_token_logps``, the engine's log μ(a))."""
+    rows = []
+    generate = trainer._generate_and_score_completions
+
+    def recorded(inputs):
+        output = generate(inputs)
+        old = output.get("old_per_token_logps")
+        if old is None or output.get("sampling_per_token_logps") is None:
+            raise RuntimeError("the batch lacks old_per_token_logps or sampling_per_token_logps: the rollout mismatch "
+                               "needs num_iterations > 1 and a vLLM rollout")
+        rows.append(rollout_mismatch(old, output["sampling_per_token_logps"], output["completion_mask"]))
+        return output
+
+    trainer._generate_and_score_completions = recorded
+    return rows
+
+
+def parse_source(text: str) -> dict:
+    """A rollout source of ``--analysis mismatch``: ``transformers`` or ``transformers:QUANT`` (fake-quantised
+    weights, ``--rollout-quant``), ``vllm:DTYPE`` or ``vllm:DTYPE:T=TEMPERATURE`` (the engine samples at that
+    temperature, the trainer scores at 1)."""
+    parts = text.split(":")
+    if parts[0] == "transformers" and len(parts) <= 2:
+        quant = parts[1] if len(parts) == 2 else "none"
+        if quant not in ROLLOUT_QUANT:
+            raise ValueError(f"source {text!r}: quantisation {quant!r} is not one of {ROLLOUT_QUANT}")
+        return dict(engine="transformers", quant=quant, dtype="float32", temperature=None)
+    if parts[0] == "vllm" and len(parts) in (2, 3):
+        if parts[1] not in ENGINE_DTYPES:
+            raise ValueError(f"source {text!r}: engine dtype {parts[1]!r} is not one of {ENGINE_DTYPES}")
+        temperature = None
+        if len(parts) == 3:
+            if not parts[2].startswith("T="):
+                raise ValueError(f"source {text!r}: the third field is the engine temperature, written T=0.8")
+            temperature = float(parts[2][2:])
+            if not temperature > 0:
+                raise ValueError(f"source {text!r}: the engine temperature must be > 0")
+        return dict(engine="vllm", quant="none", dtype=parts[1], temperature=temperature)
+    raise ValueError(f"source {text!r}: write transformers[:QUANT] or vllm:DTYPE[:T=TEMPERATURE]")
+
+
+MISMATCH_DELTAS = (0.02, 0.05, 0.15)
+
+
+def mismatch_stats(tokens: dict, deltas=MISMATCH_DELTAS) -> dict:
+    """What the step-0 rollout mismatch does to each trust region, over the sampled tokens of one source.
+
+    ``tokens``: flat tensors ``mu_logp`` (log μ(a)), ``pi_logp`` (log π(a), the float32 trainer), ``div`` (top-K
+    KL(μ‖π)), ``g_agg`` / ``g_uni`` (the predictive directions) and ``advantages``. At step 0 π_θ = π_old, so a
+    token is dropped only because of the mismatch: by DPPO top-K KL where ``D > δ`` and ``A·(r − 1) > 0``, by the
+    predictive masks where ``D > δ`` and ``A·g > 0``, by a clip-higher ratio test against μ (ε 0.2 / 0.28) where ``r``
+    leaves ``[0.8, 1.28]`` and ``A·(r − 1) > 0``. TRL's clipped surrogates take r to π_old (= 1 at step 0) and drop
+    nothing. Returns shares of tokens (``dropped_*`` in [0, 1]) and the gap's and D's mean / q99 / max."""
+    import torch
+
+    from dllm_trl.losses.divergence_masks import dppo_mask, ppo_mask, predictive_mask
+
+    log_ratio = tokens["pi_logp"].double() - tokens["mu_logp"].double()
+    gap, div, a = log_ratio.abs(), tokens["div"].double(), tokens["advantages"].double()
+    n = gap.numel()
+    if not n:
+        raise ValueError("mismatch_stats: no tokens")
+    out = dict(tokens=n, abs_logp_mean=float(gap.mean()), abs_logp_q99=float(torch.quantile(gap, 0.99)),
+               abs_logp_max=float(gap.max()), div_mean=float(div.mean()), div_q99=float(torch.quantile(div, 0.99)),
+               div_max=float(div.max()),
+               ratio_outside_clip_higher=float(((log_ratio.exp() < 0.8) | (log_ratio.exp() > 1.28)).double().mean()),
+               dropped_clip_higher_vs_mu=float((~ppo_mask(log_ratio, a, 0.2, 0.28)).double().mean()))
+    for delta in deltas:
+        out[f"outside_{delta:g}"] = float((div > delta).double().mean())
+        out[f"dropped_dppo_{delta:g}"] = float((~dppo_mask(div, log_ratio, a, delta)).double().mean())
+        for tail in ("agg", "uni"):
+            dropped = ~predictive_mask(div, tokens[f"g_{tail}"].double(), a, delta)
+            out[f"dropped_predictive_{tail}_{delta:g}"] = float(dropped.double().mean())
+    return out
+
+
+def source_tokens(source: dict, args, prompts_n: int, generations: int, seed: int = 0) -> tuple[dict, float]:
+    """Roll out the start checkpoint from ``source`` on the first ``prompts_n`` test puzzles × ``generations`` (a
+    ``DPPOMaskTrainer`` with K = ``--top-k``, so μ is recorded as the masks read it), re-score every completion with
+    the float32 model at temperature 1, and return the per-token tensors of :func:`mismatch_stats` with the rollout's
+    wall seconds. Advantages: reward minus the group mean (``sudoku_cell_reward``; the masks read only their sign)."""
+    import copy
+
+    import torch
+
+    from dllm_trl.evaluation.tasks import score_completions
+    from dllm_trl.losses.divergence_masks import directional_derivative, divergence, truncated_view
+    from dllm_trl.toy import sudoku_cell_reward, sudoku_dataset
+
+    run_args = copy.copy(args)
+    run_args.rollout_engine, run_args.engine_dtype = source["engine"], source["dtype"]
+    run_args.engine_temperature, run_args.rollout_quant = source["temperature"], source["quant"]
+    held_out = sudoku_dataset("test", size=prompts_n)
+    with tempfile.TemporaryDirectory() as output_dir:
+        trainer, tokenizer = make_trainer("causal", "dppo_topk_kl", seed, run_args, output_dir)
+        if source["quant"] != "none":
+            install_rollout_quantisation(trainer, source["quant"])
+        prompt_ids = [tokenizer(text)["input_ids"] for text in held_out["prompt"] for _ in range(generations)]
+        torch.manual_seed(seed)
+        start = time.perf_counter()
+        trainer.model.eval()
+        completion_ids, _ = trainer._generate_single_turn(prompt_ids, None, {}, generations)
+        seconds = time.perf_counter() - start
+        behaviour = trainer._behaviour
+    model, vocab_size = trainer.model, trainer.loss.vocab_size
+    texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+    rewards = torch.tensor(score_completions(sudoku_cell_reward, texts, held_out, num_samples=generations))
+    advantages = rewards - rewards.view(-1, generations).mean(1).repeat_interleave(generations)
+    columns = {name: [] for name in ("mu_logp", "pi_logp", "div", "g_agg", "g_uni", "advantages")}
+    with torch.no_grad():
+        for row, (prompt, completion) in enumerate(zip(prompt_ids, completion_ids)):
+            n = len(completion)
+            if not n:
+                continue
+            logits = model(torch.tensor([prompt + list(completion)])).logits[0, len(prompt) - 1:-1].float()
+            logps = logits.log_softmax(-1)
+            mu_ids = behaviour["behaviour_topk_ids"][row, :n].cpu()
+            action = torch.tensor(list(completion))
+            support = torch.cat([mu_ids.clamp(min=0), action[:, None]], dim=1)
+            view = truncated_view(mu_ids, behaviour["behaviour_topk_logps"][row, :n].cpu(), action,
+                                  behaviour["behaviour_logps"][row, :n].cpu(), logps.gather(1, support),
+                                  vocab_size=vocab_size, binary=mu_ids.shape[-1] == 0)
+            columns["mu_logp"].append(behaviour["behaviour_logps"][row, :n].cpu())
+            columns["pi_logp"].append(logps.gather(1, action[:, None])[:, 0])
+            columns["div"].append(divergence(view, "kl"))
+            columns["g_agg"].append(directional_derivative(view, "kl", "aggregated"))
+            columns["g_uni"].append(directional_derivative(view, "kl", "uniform"))
+            columns["advantages"].append(advantages[row].expand(n))
+    return {name: torch.cat(values) for name, values in columns.items()}, seconds
+
+
+MISMATCH_COLUMNS = (
+    ("tokens", "tokens", "{:.0f}"),
+    ("abs_logp_mean", "mean \\|log μ(a) − log π(a)\\|", "{:.2g}"),
+    ("abs_logp_q99", "q99", "{:.2g}"),
+    ("abs_logp_max", "max", "{:.2g}"),
+    ("div_mean", "mean D", "{:.2g}"),
+    ("div_q99", "q99 D", "{:.2g}"),
+    ("div_max", "max D", "{:.2g}"),
+)
+
+
+def mismatch_markdown(rows: list[dict], deltas=MISMATCH_DELTAS) -> str:
+    """The step-0 mismatch table: one row per source (``rows``: ``source``, ``seconds`` and :func:`mismatch_stats`'s
+    fields), then the share of tokens each trust region drops at each δ."""
+    def pct(value):
+        return f"{100 * value:.2f}%"
+
+    head = [label for _, label, _ in MISMATCH_COLUMNS]
+    lines = ["| rollout source | " + " | ".join(head) + " | r outside [0.8, 1.28] | rollout s |",
+             "|---|" + "---|" * (len(head) + 2)]
+    for row in rows:
+        cells = [fmt.format(row[key]) for key, _, fmt in MISMATCH_COLUMNS]
+        lines.append(f"| {row['source']} | " + " | ".join(cells)
+                     + f" | {pct(row['ratio_outside_clip_higher'])} | {row['seconds']:.1f} |")
+    lines += ["", "Share of the sampled tokens dropped at step 0 (π_θ = π_old: by the mismatch alone); TRL's clipped "
+              "surrogates (ratio to π_old) drop none:", "",
+              "| rollout source | clip-higher ratio test against μ | "
+              + " | ".join(f"D > {d:g} | DPPO δ {d:g} | predictive agg. δ {d:g} | predictive uni. δ {d:g}"
+                           for d in deltas)
+              + " |", "|---|---|" + "---|" * (4 * len(deltas))]
+    for row in rows:
+        cells = [pct(row["dropped_clip_higher_vs_mu"])]
+        for d in deltas:
+            cells += [pct(row[f"outside_{d:g}"]), pct(row[f"dropped_dppo_{d:g}"]),
+                      pct(row[f"dropped_predictive_agg_{d:g}"]), pct(row[f"dropped_predictive_uni_{d:g}"])]
+        lines.append(f"| {row['source']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def mismatch_report(args) -> list[dict]:
+    """``--analysis mismatch``: :func:`source_tokens` and :func:`mismatch_stats` per source into ``{name}.json`` and
+    ``{name}_table.md``."""
+    sources = [(text, parse_source(text)) for text in args.sources]
+    rows = []
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with shared_engines():
+        for text, source in sources:
+            tokens, seconds = source_tokens(source, args, args.eval_size, args.num_generations)
+            rows.append(dict(source=text, seconds=seconds, **mismatch_stats(tokens)))
+            print(f"{text}: {rows[-1]}", flush=True)
+    setup = dict(prompts=args.eval_size, generations=args.num_generations, top_k=args.top_k, split="test",
+                 trainer="float32, temperature 1")
+    (out / f"{args.name}.json").write_text(json.dumps(dict(setup=setup, rows=rows), indent=1) + "\n")
+    table = mismatch_markdown(rows)
+    (out / f"{args.name}_table.md").write_text(table)
+    print(table)
+    return rows
+
+
 # ------------------------------------------------------------------------------------------------------- runs
 def load_model(model_kind):
     from dllm_trl.toy import load_sudoku, load_sudoku_causal, load_sudoku_diffusion_gemma
@@ -600,6 +928,8 @@ def make_trainer(model_kind, method, seed, args, output_dir):
     data = dict(reward_funcs=sudoku_cell_reward, train_dataset=sudoku_dataset("train"), processing_class=tokenizer)
     if model_kind == "diffusion_gemma":
         return diffusion_gemma_trainer(kind, model, output_dir, {**common, **settings}, data), tokenizer
+    if model_kind == "causal" and args.rollout_engine == "vllm":
+        return vllm_trainer(kind, model, output_dir, {**common, **settings}, data, args), tokenizer
     if model_kind == "causal" and kind == "clip":
         config = GRPOConfig(output_dir=output_dir, **common, **settings)
         return GRPOTrainer(model=model, args=config, **data), tokenizer
@@ -641,8 +971,10 @@ def run_one(model_kind, method, seed, args) -> dict:
     if model_kind != "causal" and args.rollout_quant != "none":
         raise ValueError("--rollout-quant applies to the causal toy (the diffusion rollout has its own cache mismatch)")
     updates_per_rollout = args.num_iterations * args.minibatches
-    with tempfile.TemporaryDirectory() as output_dir:
+    vllm = args.rollout_engine == "vllm"
+    with tempfile.TemporaryDirectory() as output_dir, shared_engines() if vllm else contextlib.nullcontext():
         trainer, tokenizer = make_trainer(model_kind, method, seed, args, output_dir)
+        engine_mismatch = record_rollout_mismatch(trainer) if vllm else None
         trainer.remove_callback(PrinterCallback)  # disable_tqdm swaps the progress bar for a log printer
         masks = METHODS[method]["kind"] == "mask"
         if args.rollout_quant != "none":
@@ -653,6 +985,12 @@ def run_one(model_kind, method, seed, args) -> dict:
             if model_kind == "causal":
                 rescorer = Rescorer(trainer, isolated=None if args.isolated_sample < 0 else args.isolated_sample,
                                     seed=seed)
+        if vllm:
+            # The engine samples from this process's torch RNG, and building an engine reseeds it with vLLM's own seed
+            # (0): only the first run of a process builds one (shared_engines), so every run reseeds here, after it.
+            from transformers import set_seed
+
+            set_seed(seed)
         start = time.perf_counter()
         trainer.train()
         train_seconds = time.perf_counter() - start
@@ -677,6 +1015,12 @@ def run_one(model_kind, method, seed, args) -> dict:
         masked_frac_off_policy=statistics.fmean(off_policy) if off_policy else None,
         train_seconds=train_seconds, eval_seconds=eval_seconds,
     )
+    if vllm:
+        result["rollout_mismatch"] = engine_mismatch  # one per rollout batch, every method
+        # The trainer's own sampling/* metrics per optimizer step (CausalDPPOMaskTrainer logs them with use_vllm;
+        # TRL's GRPOTrainer only with its importance sampling correction, off here).
+        result["sampling_per_step"] = {key: [entry.get(key) for entry in logs]
+                                       for key in sorted({k for e in logs for k in e if k.startswith("sampling/")})}
     if masks:
         records = trainer.loss.records
         result.update(record_metrics(records, trainer.args))
@@ -809,6 +1153,30 @@ DIRECTION_HEADER = (
 )
 
 
+def engine_mismatch_lines(runs) -> list[str]:
+    """The rollout–training mismatch of vLLM runs by method (:func:`rollout_mismatch` of each rollout batch): the
+    mean over runs of each run's mean over its rollouts, and the largest over all; none without ``rollout_mismatch``."""
+    if not any(r.get("rollout_mismatch") for r in runs):
+        return []
+    lines = ["Rollout–training mismatch on the sampled tokens (|log π_old(a) − log μ(a)|, π_old the float32 trainer, "
+             "μ the engine; every rollout batch of every run; mean over runs ± std of each run's mean over its "
+             "rollouts):",
+             "", "| method | rollouts | first rollout, mean | all rollouts, mean | q99 (mean over rollouts) | max "
+             "| k3 KL(μ‖π_old), mean |", "|---|---|---|---|---|---|---|"]
+    for method in METHODS:
+        rows = [r["rollout_mismatch"] for r in runs if r["method"] == method and r.get("rollout_mismatch")]
+        if not rows:
+            continue
+        per_run = lambda key: [statistics.fmean(b[key] for b in batches) for batches in rows]
+        first = _mean_std([batches[0]["abs_logp_mean"] for batches in rows])
+        lines.append(f"| {LABELS[method]} | {sum(len(b) for b in rows)} | {_fmt(first, 4)} | "
+                     f"{_fmt(_mean_std(per_run('abs_logp_mean')), 4)} | "
+                     f"{_fmt(_mean_std(per_run('abs_logp_q99')), 3)} | "
+                     f"{max(b['abs_logp_max'] for batches in rows for b in batches):.3f} | "
+                     f"{_fmt(_mean_std(per_run('kl_k3_mean')), 5)} |")
+    return lines + [""]
+
+
 def direction_lines(runs, part="all") -> list[str]:
     """The direction-agreement table of one model's runs, pooled over seeds per method and over all methods."""
     lines = [DIRECTION_HEADER]
@@ -857,6 +1225,17 @@ def profile_lines(runs) -> list[str]:
     return lines
 
 
+def rollout_description(setup) -> str:
+    """Who generated the rollouts, in the words of the table's introduction."""
+    if setup.get("rollout_engine") == "vllm":
+        temperature = setup.get("engine_temperature")
+        return (f"rollouts from a colocated vLLM engine in {setup['engine_dtype']} (training in float32)"
+                + (f", sampling at temperature {temperature:g} while the trainer scores at 1 (μ ≠ π_old)"
+                   if temperature is not None else "") + "; clipped surrogates without TRL's importance sampling")
+    quant = setup.get("rollout_quant", "none")
+    return f"rollout weights: {'full precision' if quant == 'none' else quant + ' fake-quantised (μ ≠ π_old)'}"
+
+
 def markdown(store, args) -> str:
     setup = store["setup"]
     fraction = args.collapse_fraction
@@ -867,7 +1246,7 @@ def markdown(store, args) -> str:
         f"generations per rollout, each rollout reused for num_iterations = {setup['num_iterations']} passes"
         f"{' in ' + str(setup['minibatches']) + ' minibatches' if setup.get('minibatches', 1) > 1 else ''}, lr "
         f"{setup['learning_rate']:g} constant, β 0, δ = {setup['delta']:g} nats (top-K KL, K = {setup['top_k']}); "
-        f"rollout weights: {'full precision' if quant == 'none' else quant + ' fake-quantised (μ ≠ π_old)'}"
+        f"{rollout_description(setup)}"
         f"{'; diffusion rollout cache: ' + setup['cache_mode'] if 'cache_mode' in setup else ''}. "
         f"Greedy solve rate and avg@{n} ({n} temperature-1 samples per puzzle): first {setup['eval_size']} puzzles of "
         "the test split; mean ± sample std over seeds. Collapse: the training reward (trailing mean of 3 rollouts) "
@@ -911,6 +1290,7 @@ def markdown(store, args) -> str:
                 f"{_fmt(s['outside'], 2, True)} | {s['seconds'][0]:.0f} |"
             )
         lines.append("")
+        lines += engine_mismatch_lines(runs)
         mask_runs = [r for r in runs if "direction_agreement" in r]
         if mask_runs:
             lines += ["Direction agreement on the tokens outside the region with A ≠ 0, pooled over seeds: the sign of "
@@ -1012,6 +1392,10 @@ def main(argv=None):
         return report
     import torch
 
+    if args.analysis == "mismatch":
+        torch.set_num_threads(args.threads)
+        return mismatch_report(args)
+
     torch.set_num_threads(args.threads)
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -1021,6 +1405,8 @@ def main(argv=None):
                  num_generations=args.num_generations, prompts_per_step=args.prompts_per_step, delta=args.delta,
                  top_k=args.top_k, eval_size=args.eval_size, eval_samples=args.eval_samples,
                  rollout_quant=args.rollout_quant, minibatches=args.minibatches, isolated_sample=args.isolated_sample)
+    if args.rollout_engine == "vllm":  # only then, so that the stored studies' setups still match
+        setup.update(rollout_engine="vllm", engine_dtype=args.engine_dtype, engine_temperature=args.engine_temperature)
     if "diffusion" in args.models:
         setup["cache_mode"] = args.cache_mode
     if "diffusion_gemma" in args.models:

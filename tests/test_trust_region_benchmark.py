@@ -297,3 +297,144 @@ def test_quick_mode_on_the_diffusion_gemma_toy(trust_region, tmp_path):
     assert 0.0 < mask["mu_from_rollout"] < 1.0 and mask["tokens"] > 0 and "direction_agreement" not in mask
     table = (tmp_path / "trust_region_quick_table.md").read_text()
     assert "### diffusion_gemma toy" in table and "solve rate (sampler-seed mean)" in table
+
+
+# ---------------------------------------------------------------------------------------- vLLM mode (issue 33)
+def test_rollout_mismatch_matches_plain_python(trust_region):
+    old = torch.tensor([[-0.5, -1.0, -2.0], [-0.1, -3.0, 0.0]])
+    sampling = torch.tensor([[-0.4, -1.5, -2.0], [-0.3, -9.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    pairs = [(-0.5, -0.4), (-1.0, -1.5), (-2.0, -2.0), (-0.1, -0.3)]  # the masked-in tokens, by hand
+    gaps = [abs(o - s) for o, s in pairs]
+    k3 = [math.exp(o - s) - 1 - (o - s) for o, s in pairs]
+    out = trust_region.rollout_mismatch(old, sampling, mask)
+    assert out["tokens"] == 4
+    assert out["abs_logp_mean"] == pytest.approx(sum(gaps) / 4)
+    assert out["abs_logp_max"] == pytest.approx(0.5)
+    assert out["kl_k3_mean"] == pytest.approx(sum(k3) / 4)
+    # q99 of [0, 0.1, 0.2, 0.5] with linear interpolation: 0.2 + 0.97 × 0.3
+    assert out["abs_logp_q99"] == pytest.approx(0.2 + 0.97 * 0.3)
+    with pytest.raises(ValueError, match="no sampled tokens"):
+        trust_region.rollout_mismatch(old, sampling, torch.zeros_like(mask))
+
+
+def test_mismatch_stats_match_brute_force(trust_region):
+    """Each trust region's drop rule token by token (SPEC §3), against the vectorised shares."""
+    generator = torch.Generator().manual_seed(0)
+    n = 400
+    tokens = dict(mu_logp=-torch.rand(n, generator=generator) * 3, div=torch.rand(n, generator=generator) * 0.2,
+                  g_agg=torch.randn(n, generator=generator), g_uni=torch.randn(n, generator=generator),
+                  advantages=torch.randn(n, generator=generator).round(decimals=1))
+    tokens["pi_logp"] = tokens["mu_logp"] + torch.randn(n, generator=generator) * 0.3
+    out = trust_region.mismatch_stats(tokens, deltas=(0.05, 0.15))
+    rows = list(zip(*(tokens[k].tolist() for k in ("mu_logp", "pi_logp", "div", "g_agg", "g_uni", "advantages"))))
+    share = lambda flags: sum(flags) / n
+    for delta in (0.05, 0.15):
+        assert out[f"outside_{delta:g}"] == pytest.approx(share(d > delta for _, _, d, *_ in rows))
+        assert out[f"dropped_dppo_{delta:g}"] == pytest.approx(
+            share(d > delta and a * (math.exp(p - m) - 1) > 0 for m, p, d, _, _, a in rows))
+        assert out[f"dropped_predictive_agg_{delta:g}"] == pytest.approx(
+            share(d > delta and a * g > 0 for _, _, d, g, _, a in rows))
+        assert out[f"dropped_predictive_uni_{delta:g}"] == pytest.approx(
+            share(d > delta and a * g > 0 for _, _, d, _, g, a in rows))
+    outside = lambda m, p: not 0.8 <= math.exp(p - m) <= 1.28
+    assert out["ratio_outside_clip_higher"] == pytest.approx(share(outside(m, p) for m, p, *_ in rows))
+    assert out["dropped_clip_higher_vs_mu"] == pytest.approx(
+        share(outside(m, p) and a * (math.exp(p - m) - 1) > 0 for m, p, _, _, _, a in rows))
+    assert out["abs_logp_max"] == pytest.approx(max(abs(p - m) for m, p, *_ in rows))
+    assert out["div_mean"] == pytest.approx(sum(d for _, _, d, *_ in rows) / n)
+    assert out["tokens"] == n
+
+
+def test_mismatch_sources_parse_and_refuse(trust_region):
+    assert trust_region.parse_source("transformers") == dict(engine="transformers", quant="none", dtype="float32",
+                                                             temperature=None)
+    assert trust_region.parse_source("transformers:fp8_e5m2")["quant"] == "fp8_e5m2"
+    assert trust_region.parse_source("vllm:bfloat16") == dict(engine="vllm", quant="none", dtype="bfloat16",
+                                                              temperature=None)
+    assert trust_region.parse_source("vllm:float32:T=0.6")["temperature"] == 0.6
+    for bad, message in (("vllm:float16", "engine dtype"), ("vllm:bfloat16:0.6", "T=0.8"),
+                         ("vllm:bfloat16:T=0", "> 0"), ("transformers:fp4", "quantisation"), ("sglang", "write")):
+        with pytest.raises(ValueError, match=message):
+            trust_region.parse_source(bad)
+    for text in trust_region.MISMATCH_SOURCES:
+        trust_region.parse_source(text)
+
+
+def test_mismatch_markdown_lists_every_source_and_share(trust_region):
+    row = dict(source="vllm:bfloat16", seconds=1.5, tokens=10, abs_logp_mean=0.001, abs_logp_q99=0.01,
+               abs_logp_max=0.02, div_mean=1e-5, div_q99=1e-4, div_max=2e-4, ratio_outside_clip_higher=0.0,
+               dropped_clip_higher_vs_mu=0.25)
+    row.update({f"{kind}_{d:g}": 0.125 for d in (0.05,) for kind in
+                ("outside", "dropped_dppo", "dropped_predictive_agg", "dropped_predictive_uni")})
+    table = trust_region.mismatch_markdown([row, {**row, "source": "transformers"}], deltas=(0.05,))
+    lines = table.splitlines()
+    assert lines[2].startswith("| vllm:bfloat16 | 10 | 0.001 | 0.01 | 0.02 | 1e-05 | 0.0001 | 0.0002 | 0.00% | 1.5 |")
+    assert "| transformers | 25.00% | 12.50% | 12.50% | 12.50% | 12.50% |" in table
+    tables = [[line for line in block.splitlines() if line.startswith("|")] for block in table.split("\n\n")]
+    tables = [rows for rows in tables if rows]
+    assert [len(rows) for rows in tables] == [4, 4]  # header, rule, two sources
+    for rows in tables:  # every row has its header's number of cells
+        assert len({line.replace("\\|", "").count("|") for line in rows}) == 1
+
+
+def test_vllm_mode_refuses_what_it_cannot_honour(trust_region):
+    for flags, message in ((["--models", "causal", "diffusion"], "causal toy only"),
+                           (["--rollout-quant", "fp8_e5m2"], "leave --rollout-quant out"),
+                           (["--engine-temperature", "0"], "> 0")):
+        with pytest.raises(SystemExit, match=message):
+            trust_region.parse_args(["--rollout-engine", "vllm", *flags])
+    with pytest.raises(SystemExit, match="add --rollout-engine vllm"):
+        trust_region.parse_args(["--engine-temperature", "0.6"])
+    args = trust_region.parse_args(["--rollout-engine", "vllm"])
+    assert (args.rollout_quant, args.isolated_sample, args.engine_dtype) == ("none", -1, "bfloat16")
+    assert trust_region.parse_args(["--rollout-engine", "vllm", "--isolated-sample", "2"]).isolated_sample == 2
+    assert trust_region.parse_args([]).isolated_sample == 2  # the FP8 study's default is unchanged
+
+
+@pytest.mark.vllm
+def test_vllm_mode_trains_a_step_and_records_the_engine_mismatch(trust_region, tmp_path):
+    """One rollout, two updates per method with a float32 colocated engine (one engine for the whole test, and the
+    isolated direction check on): the mismatch fields are written, the two methods see the same first rollout at a seed (3: not the engine's own seed),
+    and a float32 engine's μ is the trainer's π up to float noise, in the study and in the step-0 mismatch analysis."""
+    pytest.importorskip("vllm")
+    common = ["--rollout-engine", "vllm", "--engine-dtype", "float32", "--output-dir", str(tmp_path),
+              "--eval-size", "4", "--num-generations", "4", "--prompts-per-step", "2"]
+    store = trust_region.main([*common, "--steps", "2", "--num-iterations", "2", "--eval-samples", "2", "--seeds", "3",
+                               "--methods", "grpo_clip_higher", "dppo_topk_kl", "--isolated-sample", "2",
+                               "--name", "vllm_step"])
+    saved = json.loads((tmp_path / "vllm_step.json").read_text())
+    assert saved["setup"]["rollout_engine"] == "vllm" and saved["setup"]["engine_dtype"] == "float32"
+    clip, mask = saved["runs"]
+    assert (clip["method"], mask["method"]) == ("grpo_clip_higher", "dppo_topk_kl")
+    for run in (clip, mask):
+        (batch,) = run["rollout_mismatch"]  # one rollout batch
+        assert batch["tokens"] > 0 and 0.0 <= batch["abs_logp_mean"] <= batch["abs_logp_max"] < 1e-4
+    # The same first rollout at a seed (the two trainers' old-policy forwards differ in float noise only).
+    assert clip["rewards"] == mask["rewards"]
+    assert clip["rollout_mismatch"][0]["tokens"] == mask["rollout_mismatch"][0]["tokens"]
+    assert mask["sampling_per_step"]["sampling/sampling_logp_difference/max"][0] < 1e-4
+    assert store["runs"][1]["mu_from_rollout"] == 1.0
+    # The second trainer of the process is wrapped in DistributedDataParallel (the engine initialised
+    # torch.distributed): the isolated check still differentiates the policy, and its float64 copy agrees with D.
+    assert "isolated" in mask["direction_agreement"] and mask["isolated_check"] < 1e-4
+    rows = trust_region.main([*common, "--analysis", "mismatch", "--sources", "vllm:float32", "--name", "vllm_mm"])
+    (row,) = rows
+    assert row["source"] == "vllm:float32" and row["tokens"] > 0 and row["abs_logp_max"] < 1e-4
+    assert row["dropped_dppo_0.05"] == 0.0
+    assert "| vllm:float32 |" in (tmp_path / "vllm_mm_table.md").read_text()
+
+
+def test_engine_mismatch_lines_average_runs_then_rollouts(trust_region):
+    batch = lambda mean, q99, top, k3: dict(tokens=10, abs_logp_mean=mean, abs_logp_q99=q99, abs_logp_max=top,
+                                            kl_k3_mean=k3)
+    runs = [dict(method="dppo_topk_kl",
+                 rollout_mismatch=[batch(0.001, 0.01, 0.1, 1e-5), batch(0.003, 0.03, 0.5, 3e-5)]),
+            dict(method="dppo_topk_kl", rollout_mismatch=[batch(0.002, 0.02, 0.2, 2e-5)] * 2),
+            dict(method="grpo_clip_higher")]  # a run without the field: no row
+    lines = trust_region.engine_mismatch_lines(runs)
+    (row,) = [line for line in lines if line.startswith("| DPPO")]
+    # first rollouts 0.001, 0.002 -> 0.0015 ± 0.0007; per-run means 0.002, 0.002 -> 0.0020 ± 0.0000
+    assert row == ("| DPPO top-K KL (ratio direction) | 4 | 0.0015 ± 0.0007 | 0.0020 ± 0.0000 | 0.020 ± 0.000 | 0.500 "
+                   "| 0.00002 ± 0.00000 |")
+    assert trust_region.engine_mismatch_lines([dict(method="dppo_topk_kl")]) == []
