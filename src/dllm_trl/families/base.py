@@ -63,6 +63,17 @@ class ModelFamily:
         model = PeftModel.from_pretrained(base, path)
         return model.merge_and_unload() if merge else model
 
+    # ------------------------------------------------------------------------------------------- model set-up
+    def check_peft_config(self, peft_config) -> None:
+        """Refuse a ``peft_config`` the family's model cannot be wrapped with (before TRL wraps it)."""
+
+    def prepare_model(self, model) -> None:
+        """Set the model up for training before the trainer wraps it (whatever loss scores it)."""
+
+    def prepare_wrapped_model(self, model) -> None:
+        """Adjust the model once TRL has wrapped it (with ``peft_config``, its adapters exist only now), before the
+        engine shards it."""
+
     # ------------------------------------------------------------------------------------------------- training
     def block_length(self, model, max_completion_length: int) -> int:
         """The decoding block (or canvas) length ``RLDFConfig.block_length=None`` resolves to for completions of

@@ -55,6 +55,32 @@ class DiffusionGemmaFamily(ModelFamily):
         return mark_family(DiffusionGemmaForBlockDiffusion.from_pretrained(name_or_path, **from_pretrained_kwargs),
                            self)
 
+    # ------------------------------------------------------------------------------------------ model set-up
+    def prepare_model(self, model) -> None:
+        """Freeze the encoder's multimodal parts (vision tower, its projection): a text rollout never reaches them, so
+        they get no gradient, and DDP's reducer would wait for one (with ``find_unused_parameters=False``, TRL's default
+        with gradient checkpointing, the next step fails). Attention needs nothing: transformers' class already
+        attends as DiffusionGemma decodes."""
+        encoder = unwrap_model(model).model.encoder
+        for name, param in encoder.named_parameters():
+            if not name.startswith("language_model."):
+                param.requires_grad_(False)
+
+    def check_peft_config(self, peft_config) -> None:
+        """PEFT's task wrappers (``task_type="CAUSAL_LM"``, TRL's ``get_peft_config`` default) assume a causal LM's
+        generation API, which ``DiffusionGemmaForBlockDiffusion`` does not have: refused with the fix."""
+        task_type = getattr(peft_config, "task_type", None)
+        if task_type is not None:
+            raise ValueError(f"peft_config.task_type={str(task_type)!r}: PEFT wraps such a model as a causal LM "
+                             "(PeftModelForCausalLM needs prepare_inputs_for_generation), which DiffusionGemma is not; "
+                             "set task_type=None (--lora_task_type is TRL's flag for it; the example script does so).")
+
+    def prepare_wrapped_model(self, model) -> None:
+        """With ``peft_config``, TRL adds the LoRA adapters inside the trainer: tie each encoder adapter to its decoder
+        twin (:func:`~dllm_trl.models.tie_encoder_adapters`), as a user who wraps the model first must, so that the
+        shared weights keep one adapter each (refused, with the fix, when only the encoder's modules are targeted)."""
+        tie_encoder_adapters(model)
+
     def load_adapter(self, base, path, merge=True):
         """Encoder adapters tied to their decoder twins first, so that each shared weight gets its delta once (PEFT's
         own merge would add both)."""

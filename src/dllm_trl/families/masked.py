@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from ..models.bidirectional import diffusion_block_size, diffusion_config, set_diffusion_properties
+from ..models.bidirectional import diffusion_block_size, diffusion_config, make_bidirectional, set_diffusion_properties
 from ..models.engines import model_config
 from ..models.engines import vocab_size as model_vocab_size
 from ..models.routing import router_modules
@@ -43,6 +43,10 @@ class MaskedDiffusionFamily(ModelFamily):
         set_diffusion_properties(model, mask_token_id=mask_token_id, logit_shift=logit_shift, sampling=sampling,
                                  block_size=block_size)
         return mark_family(model, self)
+
+    def prepare_model(self, model) -> None:
+        """Masked diffusion attends bidirectionally (block-causally for a block-diffusion model)."""
+        make_bidirectional(model)
 
     def block_length(self, model, max_completion_length: int) -> int:
         """The attention block of a block-diffusion model; on a bidirectional one 32 when it divides

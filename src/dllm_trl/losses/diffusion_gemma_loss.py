@@ -166,38 +166,9 @@ class DiffusionGemmaRLDFLoss(RLDFLoss):
         # at the cost of one encoder pass per forward.
         self.states_per_forward = states_per_forward
 
-    # -------------------------------------------------------------------------------------------- rollout side
-    def prepare_model(self, model) -> None:
-        """Freeze the encoder's multimodal parts (vision tower, its projection): a text rollout never reaches them, so
-        they get no gradient, and DDP's reducer would wait for one (with ``find_unused_parameters=False``, TRL's default
-        with gradient checkpointing, the next step fails). Attention needs nothing: transformers' class already
-        attends as DiffusionGemma decodes."""
-        encoder = unwrap_model(model).model.encoder
-        for name, param in encoder.named_parameters():
-            if not name.startswith("language_model."):
-                param.requires_grad_(False)
-
-    def check_peft_config(self, peft_config) -> None:
-        """PEFT's task wrappers (``task_type="CAUSAL_LM"``, TRL's ``get_peft_config`` default) assume a causal LM's
-        generation API, which ``DiffusionGemmaForBlockDiffusion`` does not have: refused with the fix."""
-        task_type = getattr(peft_config, "task_type", None)
-        if task_type is not None:
-            raise ValueError(f"peft_config.task_type={str(task_type)!r}: PEFT wraps such a model as a causal LM "
-                             "(PeftModelForCausalLM needs prepare_inputs_for_generation), which DiffusionGemma is not; "
-                             "set task_type=None (--lora_task_type is TRL's flag for it; the example script does so).")
-
-    def prepare_wrapped_model(self, model) -> None:
-        """With ``peft_config``, TRL adds the LoRA adapters inside the trainer: tie each encoder adapter to its decoder
-        twin (:func:`~dllm_trl.models.tie_encoder_adapters`), as a user who wraps the model first must, so that the
-        shared weights keep one adapter each (refused, with the fix, when only the encoder's modules are targeted)."""
-        from ..models.diffusion_gemma import tie_encoder_adapters
-
-        tie_encoder_adapters(model)
-
-    def bind_sampler(self, config) -> None:
-        """The temperature of each denoising step comes with the rollout's record (``state_temperature``), so
-        nothing of the sampler's config is read here; it is kept for reference."""
-        self.sampler_config = config
+    reads_sampling_settings = False
+    """Each denoising step's temperature comes with the rollout's record (``state_temperature``): nothing of the
+    sampler's config is read."""
 
     corrects_rollout_mismatch = False  # the encoder cache is exact: nothing to correct
 
@@ -275,9 +246,6 @@ class DiffusionGemmaRLDFLoss(RLDFLoss):
         return accept | (clean & live)
 
     # ----------------------------------------------------------------------------------------------- scoring
-    def _packs(self, model) -> bool:
-        return False
-
     def state_log_probs(self, model, batch, rows, steps):
         """``(where, log_probs)``: the tempered log-distribution ``log softmax(logits / T_n)`` (n, L, V) of every live
         state among ``steps`` of ``rows``, ``where`` its (row index into ``rows``, index into ``steps``)."""

@@ -21,23 +21,16 @@ class DiffusionLoss(Protocol):
     """Whether an on-policy batch's clean targets may be fixed by the loss forward itself (no π_old pass)."""
 
     # ---------------------------------------------------------------------------------------------- at init
+    # (The model is set up by its family: dllm_trl.families.ModelFamily.prepare_model / check_peft_config /
+    # prepare_wrapped_model, whatever loss scores it.)
     def check_model(self, model) -> None:
         """Refuse, naming the field and the fix, a model or setting this loss cannot train."""
-
-    def check_peft_config(self, peft_config) -> None:
-        """Refuse a ``peft_config`` the model cannot be wrapped with."""
-
-    def prepare_model(self, model) -> None:
-        """Set the model up for this loss's forwards before the trainer wraps it."""
 
     def sampler_requests(self) -> dict:
         """Sampler-config fields this loss needs set (on a copy of the sampler's config)."""
 
     def bind_sampler(self, config) -> None:
         """The config of the sampler that makes the rollouts: π_old is scored with its sampling settings."""
-
-    def prepare_wrapped_model(self, model) -> None:
-        """Adjust the model once TRL has wrapped it (PEFT adapters exist only now)."""
 
     # ---------------------------------------------------------------------------------------- per rollout
     def sample_states(self, prompt_ids, prompt_mask, output, generator, mask_seed_generator) -> tuple[dict, tuple]:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..models.bidirectional import attention_mask_dtype, diffusion_block_size, diffusion_config, make_bidirectional
+from ..models.bidirectional import attention_mask_dtype, diffusion_block_size, diffusion_config
 from ..models.diffusion_gemma import is_diffusion_gemma
 from ..models.scoring import chunked_token_logps_at, completion_token_logps
 from ..models.engines import model_config, unwrap_model
@@ -151,11 +151,15 @@ class RLDFLoss:
         ``record_topk``: the trainer sets them on (a copy of) its sampler's config."""
         return {"record_topk": self.record_topk} if self.record_topk else {}
 
+    reads_sampling_settings = True
+    """Whether π_old is scored with the sampler's sampling settings (temperature, top-p / top-k / min-p), which its
+    config must then have."""
+
     def bind_sampler(self, config) -> None:
         """Score ``π_old`` with the settings of the sampler that makes the rollouts: ``config`` is that sampler's
         config (held, not copied, so that the two read the same settings). The trainer calls it once, at init.
         Refuses, naming the field, a sampler whose settings this loss cannot honour."""
-        if self.args.policy_estimator in REPLAYING_ESTIMATORS:  # the mismatch view reads them
+        if self.reads_sampling_settings and self.args.policy_estimator in REPLAYING_ESTIMATORS:  # the mismatch view
             missing = [name for name in SAMPLING_FIELDS if not hasattr(config, name)]
             if missing:
                 raise ValueError(
@@ -184,19 +188,6 @@ class RLDFLoss:
         return self.args.diffusion_generation_config(block_length=self.args.max_completion_length)
 
     # -------------------------------------------------------------------------------------------- rollout side
-    def prepare_model(self, model) -> None:
-        """Set the model up for this loss's forwards before the trainer wraps it: masked diffusion attends
-        bidirectionally (block-causally for a block-diffusion model)."""
-        make_bidirectional(model)
-
-    def check_peft_config(self, peft_config) -> None:
-        """Refuse a ``peft_config`` this loss's model cannot be wrapped with (before TRL wraps it). Any for masked
-        diffusion."""
-
-    def prepare_wrapped_model(self, model) -> None:
-        """Adjust the model once TRL has wrapped it (with ``peft_config``, its PEFT adapters exist only now), before
-        the engine shards it. Nothing to do for masked diffusion."""
-
     corrects_rollout_mismatch = True
     """Whether this loss can apply ``rollout_importance_sampling_correction`` (refused at init when not)."""
 

@@ -89,8 +89,8 @@ class RLDFTrainer(SafeRunMixin, GRPOTrainer):
         kwargs = with_family_lora_targets(kwargs, self.family)
         self.loss = self.make_loss(args, model) if loss is None else loss
         self.loss.check_model(model)
-        self.loss.check_peft_config(kwargs.get("peft_config"))
-        self.loss.prepare_model(model)
+        self.family.check_peft_config(kwargs.get("peft_config"))
+        self.family.prepare_model(model)
         self.sampler = self.family.sampler(args, model, self.block_length) if sampler is None else sampler
         requests = self.loss.sampler_requests()  # what the loss reads from the rollout's record
         if requests:  # into a copy: the caller's config stays as they built it
@@ -103,7 +103,7 @@ class RLDFTrainer(SafeRunMixin, GRPOTrainer):
         check_sampler_length(self.sampler.config, args)
         check_training_inputs(model, kwargs.get("train_dataset"), kwargs.get("processing_class"))
         reference = init_with_reference(self, super().__init__, model, args, reward_funcs=reward_funcs, **kwargs)
-        self.loss.prepare_wrapped_model(self.model)
+        self.family.prepare_wrapped_model(self.model)
         prepare_model_buffers(self.model, self.accelerator)
         if reference is not None:
             self.ref_model = prepare_reference(reference, self.accelerator, self.args.disable_dropout)
