@@ -180,7 +180,7 @@ def main(argv=None, raise_vllm_errors: bool = True):
         except Exception as error:  # noqa: BLE001 — the engine's own refusal is the finding on a CPU
             if raise_vllm_errors:
                 raise
-            lines = [line for line in str(error).splitlines() if line.strip()]
+            lines = [line.split(" [type=")[0].strip() for line in str(error).splitlines() if line.strip()]
             blocker = f"vLLM's engine refused: {type(error).__name__}: {' / '.join(lines[:2])}"[:500]
     if blocker is not None:
         print(f"\nvLLM side not timed: {blocker}\n", flush=True)

