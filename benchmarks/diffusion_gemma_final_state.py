@@ -24,10 +24,11 @@ std over seeds. ::
 
 ``--train``: what the direction is worth. From the toy, ``--train-steps`` policy-gradient steps with each estimator in
 the same loop (the rollouts, rewards and advantages above; AdamW at a constant ``--learning-rate``, gradient norm
-clipped at 1, as the trainer's defaults; the loss divided by its number of target tokens), ``recorded k`` (the
-trainer's sampled steps, exact per-step targets) against ``final-state k`` (``--states``' first value), and the
+clipped at 1, as the trainer's defaults; the loss divided by its number of target tokens): ``recorded`` (the
+trainer's ``k`` sampled steps, exact per-step targets: ``sequential``), ``rldf`` (the same steps plus RLDF's clean
+targets, the trainer's default) and ``final-state k`` (``--states``' first value), and the
 held-out solve rate (binary ``sudoku_reward``, first ``--eval-size`` test puzzles, mean over ``--eval-seeds``) before
-and after, per training seed::
+and after, per training seed (a second call with the same ``--name`` resumes: it keeps the runs it finds)::
 
     python benchmarks/diffusion_gemma_final_state.py --train --seeds 0 1 2 --states 4 --name diffusion_gemma_final_state_train
 """
@@ -61,6 +62,9 @@ def parse_args(argv=None):
     parser.add_argument("--learning-rate", type=float, default=1e-4)
     parser.add_argument("--eval-size", type=int, default=200, help="First N test puzzles.")
     parser.add_argument("--eval-seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--estimators", nargs="+", choices=["recorded", "rldf", "final-state"],
+                        default=["recorded", "rldf", "final-state"], help="--train: which estimators to train with.")
+    parser.add_argument("--clean-threshold", type=float, default=0.2, help="RLDF's c (RLDFConfig's default).")
     parser.add_argument("--output-dir", default=str(REPO / "docs"))
     parser.add_argument("--name", default="diffusion_gemma_final_state")
     return parser.parse_args(argv)
@@ -76,9 +80,12 @@ def flat_grad(model, loss_fn) -> tuple[torch.Tensor, float]:
     return torch.cat(grads), seconds
 
 
-def recorded_term(model, prompt_ids, prompt_mask, output, steps: torch.Tensor, advantages) -> torch.Tensor:
-    """``−Σ_b A_b Σ_{s∈steps_b} Σ_{i∈A_s} log π(y | x_s, sc_s, T_s)`` by one replay of the recorded states;
-    ``steps`` (B, S) bool, which recorded steps of each row count."""
+def recorded_term(model, prompt_ids, prompt_mask, output, steps: torch.Tensor, advantages,
+                  clean_threshold: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(−Σ_b A_b Σ_{s∈steps_b} Σ_i log π(target_i | x_s, sc_s, T_s), number of targets)`` by one replay of the
+    recorded states; ``steps`` (B, S) bool, which recorded steps of each row count. Targets: the accepted tokens
+    (the exact per-step term); with ``clean_threshold`` also RLDF's clean targets (the final token at the completion's
+    other positions where the detached policy gives it probability ≥ the threshold: the trainer's ``rldf``)."""
     from dllm_trl.generation.diffusion_gemma import replay_logits
 
     record = output.denoising_steps
@@ -88,12 +95,21 @@ def recorded_term(model, prompt_ids, prompt_mask, output, steps: torch.Tensor, a
                            record.self_conditioning, has_sc, record.carrier)
     rows, slots = steps.nonzero(as_tuple=True)
     logps = (logits.float() / record.temperature[slots].view(-1, 1, 1)).log_softmax(-1)
-    picked = logps.gather(-1, record.accepted_ids[rows, slots].unsqueeze(-1)).squeeze(-1)
     accepted = record.accept_mask[rows, slots]
+    targets, mask = record.accepted_ids[rows, slots], accepted
+    if clean_threshold is not None:
+        length = record.state_ids.shape[-1]
+        columns = record.canvas[slots].unsqueeze(-1) * length + torch.arange(length)
+        final = output.completion_ids[rows.unsqueeze(-1), columns]
+        valid = output.completion_mask[rows.unsqueeze(-1), columns].bool()
+        targets = torch.where(accepted, targets, final)
+        sure = logps.detach().gather(-1, final.unsqueeze(-1)).squeeze(-1).exp() >= clean_threshold
+        mask = accepted | (valid & sure)
+    picked = logps.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     drift = (picked.detach() - record.accepted_logps[rows, slots]).abs()[accepted].max().item() if accepted.any() else 0
     if drift > 1e-4:
         raise RuntimeError(f"the replay does not reproduce the rollout's log-probs (max difference {drift:.2e}).")
-    return -(advantages[rows].view(-1, 1) * picked * accepted).sum()
+    return -(advantages[rows].view(-1, 1) * picked * mask).sum(), mask.sum()
 
 
 def rollout_batch(model, tokenizer, data, generations: int, generator):
@@ -142,12 +158,12 @@ def run_seed(model, tokenizer, args, seed: int) -> dict:
     prompt_ids, prompt_mask, output, config, rewards, advantages = rollout_batch(
         model, tokenizer, data, args.generations, torch.Generator().manual_seed(seed))
     active = output.denoising_steps.active
-    exact, exact_s = flat_grad(model, lambda: recorded_term(model, prompt_ids, prompt_mask, output, active, advantages))
+    exact, exact_s = flat_grad(model, lambda: recorded_term(model, prompt_ids, prompt_mask, output, active, advantages)[0])
     result = {"seed": seed, "reward_mean": rewards.mean().item(), "steps_per_row": active.sum(1).float().mean().item(),
               "exact_seconds": exact_s, "cosine": {}, "seconds": {}}
     chosen = sampled_steps(output, args.recorded_k, torch.Generator().manual_seed(seed))
     name = f"recorded k={args.recorded_k}"
-    grad, seconds = flat_grad(model, lambda: recorded_term(model, prompt_ids, prompt_mask, output, chosen, advantages))
+    grad, seconds = flat_grad(model, lambda: recorded_term(model, prompt_ids, prompt_mask, output, chosen, advantages)[0])
     result["cosine"][name] = torch.nn.functional.cosine_similarity(grad, exact, dim=0).item()
     result["seconds"][name] = seconds
 
@@ -244,11 +260,11 @@ def train_run(args, estimator: str, seed: int) -> dict:
         prompt_ids, prompt_mask, output, config, reward, advantages = rollout_batch(
             model, tokenizer, train.select(picks), args.generations, generator)
         rewards.append(reward.mean().item())
-        if estimator == "recorded":
+        if estimator in ("recorded", "rldf"):
             chosen = sampled_steps(output, args.recorded_k, generator)
-            record = output.denoising_steps
-            targets = (record.accept_mask & chosen.unsqueeze(-1)).sum().clamp_min(1)
-            loss = recorded_term(model, prompt_ids, prompt_mask, output, chosen, advantages) / targets
+            total, targets = recorded_term(model, prompt_ids, prompt_mask, output, chosen, advantages,
+                                           args.clean_threshold if estimator == "rldf" else None)
+            loss = total / targets.clamp_min(1)
         else:
             states = final_state_states(output.completion_ids, output.completion_mask, canvas, args.states[0], vocab,
                                         config.t_min, config.t_max, generator)
@@ -263,16 +279,34 @@ def train_run(args, estimator: str, seed: int) -> dict:
             "seconds": time.perf_counter() - start}
 
 
+SETTINGS = ("toy", "train_steps", "learning_rate", "puzzles", "generations", "recorded_k", "eval_size", "eval_seeds")
+"""What a resumed ``--train`` run must share with the runs it finds."""
+
+
 def train_main(args):
-    model, tokenizer = load_toy(args)
-    before = held_out(model, tokenizer, args)
-    runs = []
+    out = Path(args.output_dir)
+    path = out / f"{args.name}.json"
+    previous = json.loads(path.read_text()) if path.exists() else None
+    if previous is not None:  # resume: keep the runs already measured under the same settings
+        clash = [key for key in SETTINGS if previous["args"].get(key) != getattr(args, key)]
+        if clash or previous["args"]["states"][0] != args.states[0]:
+            raise SystemExit(f"{path} holds runs with other settings ({clash or ['states']}): pass another --name.")
+        before, runs = previous["before"], previous["runs"]
+    else:
+        model, tokenizer = load_toy(args)
+        before, runs = held_out(model, tokenizer, args), []
     for seed in args.seeds:
-        for estimator in ("recorded", "final-state"):
+        for estimator in args.estimators:
+            if any(r["seed"] == seed and r["estimator"] == estimator for r in runs):
+                continue
             runs.append(train_run(args, estimator, seed))
             print(json.dumps(runs[-1]), flush=True)
-    names = {"recorded": f"recorded k={args.recorded_k} (exact per-step targets)",
+            out.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"args": vars(args), "before": before, "runs": runs}, indent=1) + "\n")
+    names = {"recorded": f"recorded k={args.recorded_k}, exact per-step targets (`sequential`)",
+             "rldf": f"recorded k={args.recorded_k}, + clean targets c = {args.clean_threshold} (`rldf`)",
              "final-state": f"final-state k={args.states[0]}"}
+    names = {key: names[key] for key in args.estimators}
     lines = [f"Training with each estimator from the DiffusionGemma Sudoku toy `{args.toy}`: {args.train_steps} steps, "
              f"{args.puzzles} puzzles × {args.generations} rollouts, AdamW lr {args.learning_rate} (constant), "
              f"gradient norm clipped at 1, seeds {args.seeds}, one CPU thread. Held-out: binary `sudoku_reward` on the "
@@ -280,7 +314,7 @@ def train_main(args):
              "", "| estimator | after (mean ± std) | Δ | per seed | reward, first 10 → last 10 steps | s / run |",
              "|---|---|---|---|---|---:|"]
     for estimator, name in names.items():
-        mine = [r for r in runs if r["estimator"] == estimator]
+        mine = [r for r in runs if r["estimator"] == estimator and r["seed"] in args.seeds]
         after = [r["after"] for r in mine]
         lines.append(f"| {name} | {summary(after).lstrip('+')} | **{summary([a - before for a in after])}** | "
                      f"{', '.join(f'{a:.3f}' for a in after)} | "
@@ -289,10 +323,8 @@ def train_main(args):
                      f"{statistics.fmean(r['seconds'] for r in mine):.0f} |")
     text = "\n".join(lines) + "\n"
     print(text)
-    out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.name}.json").write_text(json.dumps({"args": vars(args), "before": before, "runs": runs},
-                                                      indent=1) + "\n")
+    path.write_text(json.dumps({"args": vars(args), "before": before, "runs": runs}, indent=1) + "\n")
     (out / f"{args.name}_table.md").write_text(text)
 
 
