@@ -1,5 +1,5 @@
 """Fidelity of the final-state DiffusionGemma term (issue 33, item 4): the cosine of its policy gradient to the exact
-per-step one, on the DiffusionGemma Sudoku toys, CPU.
+per-step one and to RLDF's, and what it trains, on the DiffusionGemma Sudoku toys, CPU.
 
 An engine that returns only the final completion (vLLM) leaves the final-state term of
 ``dllm_trl.losses.diffusion_gemma_final_state`` (re-noised final canvases, no self-conditioning); the recorded rollout
@@ -9,13 +9,16 @@ its record). Per seed: ``--puzzles`` training puzzles × ``--generations`` rollo
 ``(r − mean) / (std + 1e-4)``; then the gradient over all weights of ``Σ_b A_b · term_b`` for
 
 * ``exact``: every recorded step of every row (the reference);
+* ``rldf`` (all steps): every recorded step with the exact targets plus RLDF's clean targets (the final token where
+  the detached policy gives it probability ≥ ``--clean-threshold``), the second reference;
 * ``recorded k``: the trainer's ``k`` steps per row drawn by their uncertainty (Alg. 2), the same term on them only
-  (``policy_estimator="sequential"``; without importance weights, as the trainer);
+  (``policy_estimator="sequential"``; without importance weights, as the trainer), and with the clean targets
+  (``rldf``, the trainer's default);
 * ``final-state k``: ``k`` re-noised final canvases per row (levels ``t ~ U(0, 1)``, every completion position
   scored), for each ``k`` in ``--states``, and at the largest ``k`` with only the re-noised positions scored (d1's
   choice for masks);
 
-the cosine of each to ``exact``, and each gradient's wall time (forward + backward, one thread); and, for the largest
+the cosine of each to ``exact`` and to ``rldf`` (all steps), and each gradient's wall time (forward + backward, one thread); and, for the largest
 ``k``, the cosine between two independent draws of the final-state gradient (is its direction stable?). Mean ± sample
 std over seeds. ::
 
