@@ -4,13 +4,13 @@
   shape, bf16 on the GPU;
 * vLLM: ``vllm.LLM(model=<folder>, load_format="dummy")`` on a folder holding only the shape's ``config.json`` and a
   ``generation_config.json`` with the same decoding settings (:func:`write_engine_folder`; dummy weights, no download),
-  ``--vllm-quantization fp8`` by default on the GPU (the anchor's precision), ``ignore_eos`` so every row writes
+  ``--vllm-quantization fp8`` in the GPU suite (the anchor's precision), ``ignore_eos`` so every row writes
   ``gen_length`` tokens; returns the final canvases only.
 
 Both at batch 1 and ``--batch``, tokens/s = rows × gen_length / seconds, beside the anchor: DiffusionGemma-26B-A4B on
 vLLM, 1,757 tokens/s at batch 1 (H100, FP8; real weights, which stop canvases early — random weights never meet the
-stopping rule, so both sides here run every one of the ``--steps`` steps per canvas, unless the sharpened head of
-ours does).
+stopping rule, so both sides here run every one of the ``--steps`` steps per canvas; ``--sharpen`` above 1 would let
+ours stop early, the default keeps the two alike).
 
 vLLM's DiffusionGemma runs only on its Model Runner V2, which needs Triton with a driver: on a CPU, vLLM's CPU build
 refuses it (``Model Runner V1 does not support: diffusion models``), and its Gemma 4 import needs a torchvision built
@@ -20,7 +20,7 @@ The GPU image has no vLLM, and vLLM 0.31.0's CUDA wheel (320.6 MB, pinning torch
 
     python benchmarks/diffusion_gemma_vllm.py                                       # CPU, small shape
     python benchmarks/diffusion_gemma_vllm.py --shape 26b-a4b --device cuda --dtype bfloat16 --batch 8 --steps 48 \\
-        --prompt-length 128 --gen-length 256
+        --prompt-length 128 --gen-length 256 --vllm-quantization fp8
 """
 
 from __future__ import annotations
