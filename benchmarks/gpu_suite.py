@@ -26,6 +26,9 @@ Stages:
 * ``diffusion_gemma``: a DiffusionGemma-26B-A4B-shaped model (``diffusion_gemma.py``, bf16, canvas 256, 48 steps):
   our recording rollout against ``model.generate`` at batch 8, gen 256 (tokens/s, = generate tokens), then one RLDF
   update at k = 4 with the attention projections trainable.
+* ``diffusion_gemma_vllm``: the same shape on vLLM's native DiffusionGemma (``diffusion_gemma_vllm.py``: dummy
+  weights, FP8) beside our recording sampler, batch 1 and 8, gen 256, 48 steps, next to the 1,757 tokens/s anchor;
+  only ours where vLLM is not installed (the GPU image; see ``docs/vllm.md``).
 """
 
 from __future__ import annotations
@@ -413,6 +416,22 @@ def stage_diffusion_gemma(kind: str):
     )
 
 
+def stage_diffusion_gemma_vllm(kind: str):
+    """The DiffusionGemma-26B-A4B shape: vLLM's native rollout (dummy weights, FP8) beside our recording sampler at
+    batch 1 and 8, next to the anchor (1,757 tokens/s at batch 1, H100, FP8). Without vLLM on the machine (the GPU
+    image has none, and its wheel cannot travel: ``docs/vllm.md``) only ours is timed, with the reason printed."""
+    import diffusion_gemma_vllm
+
+    gpu = kind == GPU
+    diffusion_gemma_vllm.main(
+        ["--shape", "26b-a4b", "--device", "cuda", "--dtype", "bfloat16", "--batch", "8", "--prompt-length", "128",
+         "--gen-length", "256", "--steps", "48", "--vllm-quantization", "fp8"] if gpu else
+        ["--batch", "2", "--prompt-length", "16", "--gen-length", "64", "--steps", "8", "--threads", "1",
+         "--vllm-enforce-eager"],
+        raise_vllm_errors=gpu,
+    )
+
+
 STAGES = {
     "rollout-llada": lambda kind: stage_rollout(kind, "llada"),
     "rollout-dream": lambda kind: stage_rollout(kind, "dream"),
@@ -423,6 +442,7 @@ STAGES = {
     "block": stage_block,
     "llada2": stage_llada2,
     "diffusion_gemma": stage_diffusion_gemma,
+    "diffusion_gemma_vllm": stage_diffusion_gemma_vllm,
 }
 
 
