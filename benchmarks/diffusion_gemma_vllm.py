@@ -100,7 +100,7 @@ def time_ours(args, batches) -> list[str]:
     """Rows of our recording sampler at each batch size (after a one-canvas warm-up)."""
     import diffusion_gemma
     from dllm_trl.generation import DiffusionGemmaSampler, DiffusionGemmaSamplerConfig
-    from gpu_suite import sync
+    from device_memory import sync
 
     model = diffusion_gemma.build_model(argparse.Namespace(shape=args.shape, device=args.device, dtype=args.dtype,
                                                            sharpen=args.sharpen, trainable="all"))
