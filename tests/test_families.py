@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 
@@ -24,6 +25,7 @@ from dllm_trl.families import (
 )
 from dllm_trl.generation import DiffusionGemmaSampler, MaskedDiffusionSampler
 from dllm_trl.losses import DiffusionGemmaRLDFLoss, MoERLDFLoss, RLDFLoss
+from dllm_trl.models import set_diffusion_properties
 from tests.tiny_models import build_tiny_diffusion_gemma
 from dllm_trl.trainers import DiffusionDPPOMaskTrainer, DPPOMaskConfig, DPPOMaskTrainer
 
@@ -125,7 +127,9 @@ def test_a_causal_lm_is_refused_by_the_diffusion_trainer_naming_the_fix(tmp_path
     tokenizer = make_char_tokenizer()
     causal = LlamaForCausalLM(LlamaConfig(vocab_size=16, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                           num_attention_heads=2, num_key_value_heads=2))
-    assert family_of(causal).kind == "causal"
+    assert family_of(causal).name == "causal"
+    marked = set_diffusion_properties(copy.deepcopy(causal), mask_token_id=1)  # a mask token, no family named
+    assert family_of(marked).name == "masked"
     with pytest.raises(ValueError, match=r"trains diffusion LMs.*load_diffusion_model\(path, mask_token_id=...\)"):
         RLDFTrainer(model=causal, reward_funcs=length_reward, args=args_for(tmp_path), train_dataset=addition_dataset(),
                     processing_class=tokenizer)

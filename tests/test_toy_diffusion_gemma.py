@@ -182,6 +182,7 @@ def test_toy_rldf_settings_launch_a_trainer(tmp_path):
     assert any(not torch.equal(p.detach(), before[n]) for n, p in trainer.model.named_parameters() if n in before)
 
 
+@pytest.mark.slow  # 100 training steps (about a minute on 2 cores): CI's time budget; run with -m slow
 def test_rldf_raises_the_noisy_teacher_toys_held_out_solve_rate():
     """The toy's claim (docs/diffusion_gemma.md): the shipped RLDF settings, 100 steps at one seed, raise the held-out
     solve rate by far more than the evaluation's noise (measured +0.48 to +0.51 over seeds; asserted ≥ +0.25)."""

@@ -227,7 +227,7 @@ def test_a_diffusion_model_with_use_vllm_is_refused_naming_the_fix(tmp_path):
     tokenizer = make_char_tokenizer()
     model = build_tiny_llada(vocab_size=len(tokenizer), mask_token_id=tokenizer.mask_token_id,
                              eos_token_id=tokenizer.eos_token_id)
-    with pytest.raises(ValueError, match="bidirectionally.*vLLM rolls out causal LMs only"):
+    with pytest.raises(ValueError, match="a diffusion LM .family 'masked'.. vLLM rolls out causal LMs only"):
         CausalDPPOMaskTrainer(model=model, reward_funcs=sudoku_cell_reward, args=vllm_args(tmp_path),
                               processing_class=tokenizer)
 

@@ -35,9 +35,6 @@ class MaskedDiffusionFamily(ModelFamily):
     kind = "diffusion"
     trains_as_causal_lm = True
 
-    def matches_model(self, model) -> bool:
-        return getattr(model_config(model), "mask_token_id", None) is not None
-
     def finish_loading(self, model, *, mask_token_id, logit_shift, sampling, block_size):
         """Write the diffusion properties (and the family's name) on a loaded model and make it bidirectional."""
         set_diffusion_properties(model, mask_token_id=mask_token_id, logit_shift=logit_shift, sampling=sampling,
@@ -149,6 +146,10 @@ class GenericMaskedFamily(MaskedDiffusionFamily):
 
     name = "masked"
     detection_priority = 90  # after the families whose official formats it could be mistaken for
+
+    def matches_model(self, model) -> bool:
+        """Any model carrying a mask token that names no family (e.g. built with ``set_diffusion_properties``)."""
+        return getattr(model_config(model), "mask_token_id", None) is not None
 
     def matches_checkpoint(self, raw_config: dict) -> bool:
         return raw_config.get("mask_token_id") is not None and "diffusion_logit_shift" in raw_config
