@@ -11,6 +11,7 @@ evaluation ask the registry (:func:`family_for_checkpoint`, :func:`family_of`), 
 
 from __future__ import annotations
 
+import functools
 from typing import ClassVar
 
 from ..models.engines import model_config
@@ -115,10 +116,14 @@ class ModelFamily:
         return f"<{type(self).__name__} {self.name!r} ({self.kind})>"
 
 
+def checkpoint_names(raw_config: dict) -> list[str]:
+    """A checkpoint's ``model_type`` and ``architectures``, lower-cased: what its family is recognised by."""
+    return [str(name).lower() for name in [raw_config.get("model_type", ""), *(raw_config.get("architectures") or [])]]
+
+
 def is_model_type(raw_config: dict, prefix: str) -> bool:
     """Whether a checkpoint's ``model_type`` or one of its ``architectures`` starts with ``prefix`` (any case)."""
-    names = [str(raw_config.get("model_type", ""))] + [str(a) for a in raw_config.get("architectures") or []]
-    return any(name.lower().startswith(prefix) for name in names)
+    return any(name.startswith(prefix) for name in checkpoint_names(raw_config))
 
 
 def register_family(family: ModelFamily | type[ModelFamily]):
@@ -133,7 +138,7 @@ def register_family(family: ModelFamily | type[ModelFamily]):
     if type(instance).__module__.startswith(__package__ + "."):  # the package's own
         _BUILTIN[instance.name] = instance
     else:
-        if instance.name in _BUILTIN or instance.name in _builtin_names():
+        if instance.name in _builtin_names():
             raise ValueError(f"{type(instance).__name__}.name={instance.name!r} is a built-in family's name: choose "
                              "another (a user's family is tried before the built-in ones anyway).")
         if instance.name in _USER_ORDER:
@@ -188,13 +193,14 @@ def family_of(model) -> ModelFamily:
     raise ValueError(f"no registered model family recognises {type(model).__name__}.")
 
 
-def _builtin_names() -> list[str]:
-    """The modules of this package that hold a family (named as their family)."""
+@functools.cache
+def _builtin_names() -> tuple[str, ...]:
+    """The modules of this package that hold a family (named as their family); read once."""
     import pkgutil
     from pathlib import Path
 
-    return [module.name for module in pkgutil.iter_modules([str(Path(__file__).parent)])
-            if module.name not in INFRASTRUCTURE_MODULES]
+    return tuple(module.name for module in pkgutil.iter_modules([str(Path(__file__).parent)])
+                 if module.name not in INFRASTRUCTURE_MODULES)
 
 
 def _load_builtin_families() -> None:

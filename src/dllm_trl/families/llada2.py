@@ -13,6 +13,7 @@ from contextlib import ExitStack
 from transformers import Glm4MoeConfig, Glm4MoeForCausalLM, PretrainedConfig
 from transformers.utils import cached_file
 
+from ..models.loading import hub_kwargs
 from .base import is_model_type, register_family
 from .masked import REMOTE_CODE_KEYS, MaskedDiffusionFamily
 
@@ -144,13 +145,13 @@ def llada2_to_glm4_moe_config(raw: dict) -> Glm4MoeConfig:
     )
 
 
-def _safetensors_files(name_or_path: str, **hub_kwargs) -> list[str]:
+def _safetensors_files(name_or_path: str, **hub) -> list[str]:
     """The checkpoint's safetensors files (one, or the shards its index names), local or from the Hub cache."""
     def resolve(filename):
         if os.path.isdir(name_or_path):
             path = os.path.join(name_or_path, filename)
             return path if os.path.isfile(path) else None
-        return cached_file(name_or_path, filename, _raise_exceptions_for_missing_entries=False, **hub_kwargs)
+        return cached_file(name_or_path, filename, _raise_exceptions_for_missing_entries=False, **hub)
 
     index = resolve("model.safetensors.index.json")
     if index is not None:
@@ -165,7 +166,7 @@ def _safetensors_files(name_or_path: str, **hub_kwargs) -> list[str]:
     return [single]
 
 
-def llada2_state_dict(name_or_path: str, config: Glm4MoeConfig, files: ExitStack, **hub_kwargs) -> dict:
+def llada2_state_dict(name_or_path: str, config: Glm4MoeConfig, files: ExitStack, **hub) -> dict:
     """The checkpoint's tensors under Glm4Moe's names, lazily: every tensor is a safetensors slice read when
     ``from_pretrained`` places it (the files stay open in ``files``), except the fused ``query_key_value`` weight
     and bias, read now and split into ``q_proj`` / ``k_proj`` / ``v_proj`` rows ``[H·d, KV·d, KV·d]``.
@@ -179,7 +180,7 @@ def llada2_state_dict(name_or_path: str, config: Glm4MoeConfig, files: ExitStack
     q_rows = config.num_attention_heads * config.head_dim
     kv_rows = config.num_key_value_heads * config.head_dim
     state = {}
-    for path in _safetensors_files(name_or_path, **hub_kwargs):
+    for path in _safetensors_files(name_or_path, **hub):
         handle = files.enter_context(safe_open(path, framework="pt"))
         for key in handle.keys():
             fused = _LLADA2_QKV.match(key)
@@ -210,10 +211,9 @@ class LLaDA2Family(MaskedDiffusionFamily):
 
     def load(self, name_or_path, raw_config, *, mask_token_id=None, logit_shift=None, sampling=None, block_size=None,
              **from_pretrained_kwargs):
-        hub = {k: from_pretrained_kwargs[k] for k in ("revision", "token", "cache_dir") if k in from_pretrained_kwargs}
         config = llada2_to_glm4_moe_config(raw_config)
         with ExitStack() as files:
-            state_dict = llada2_state_dict(name_or_path, config, files, **hub)
+            state_dict = llada2_state_dict(name_or_path, config, files, **hub_kwargs(from_pretrained_kwargs))
             model = Glm4MoeForCausalLM.from_pretrained(None, config=config, state_dict=state_dict,
                                                        **from_pretrained_kwargs)
         mask = raw_config.get("mask_token_id", LLADA2_DEFAULTS["mask_token_id"])

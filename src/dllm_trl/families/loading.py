@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from ..models.integrity import verify_manifest
-from ..models.loading import read_raw_config
+from ..models.loading import hub_kwargs, read_raw_config
 from .base import family_for_checkpoint, family_of
 
 
@@ -42,8 +42,7 @@ def load_diffusion_model(
     """
     if verify_checksums and os.path.isdir(name_or_path):
         verify_manifest(name_or_path, " Save the model again, or load it with verify_checksums=False to skip the check.")
-    hub_kwargs = {k: from_pretrained_kwargs[k] for k in ("revision", "token", "cache_dir") if k in from_pretrained_kwargs}
-    raw = read_raw_config(name_or_path, **hub_kwargs)
+    raw = read_raw_config(name_or_path, **hub_kwargs(from_pretrained_kwargs))
     family = family_for_checkpoint(raw)
     return family.load(name_or_path, raw, mask_token_id=mask_token_id, logit_shift=logit_shift, sampling=sampling,
                        block_size=block_size, **from_pretrained_kwargs)

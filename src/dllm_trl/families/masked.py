@@ -10,11 +10,14 @@ model and of the attention block on a block-diffusion one.
 
 from __future__ import annotations
 
+import math
+
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from ..models.bidirectional import diffusion_block_size, diffusion_config, make_bidirectional, set_diffusion_properties
 from ..models.engines import model_config
 from ..models.engines import vocab_size as model_vocab_size
+from ..models.loading import hub_kwargs
 from ..models.routing import router_modules
 from .base import FAMILY_CONFIG_KEY, ModelFamily, register_family
 
@@ -54,9 +57,7 @@ class MaskedDiffusionFamily(ModelFamily):
         return DEFAULT_BLOCK_LENGTH if max_completion_length % DEFAULT_BLOCK_LENGTH == 0 else max_completion_length
 
     def sampler(self, args, model, block_length: int):
-        from ..generation.samplers import MaskedDiffusionSampler
-
-        return MaskedDiffusionSampler(args.diffusion_generation_config(block_length=block_length))
+        return self.sampler_for(args.diffusion_generation_config(block_length=block_length))
 
     def rldf_loss(self, args, model):
         from ..losses import MoERLDFLoss, RLDFLoss
@@ -77,7 +78,7 @@ class MaskedDiffusionFamily(ModelFamily):
         from ..generation import DiffusionGenerationConfig
 
         block = diffusion_block_size(model)
-        defaults = {} if block is None else dict(block_length=block, gen_length=_lcm(256, block))
+        defaults = {} if block is None else dict(block_length=block, gen_length=math.lcm(256, block))
         return DiffusionGenerationConfig(**{**defaults, **overrides})
 
     def sampler_for(self, config):
@@ -86,7 +87,7 @@ class MaskedDiffusionFamily(ModelFamily):
         return MaskedDiffusionSampler(config)
 
     def length_unit(self, model, config) -> int:
-        return _lcm(config.block_length, diffusion_block_size(model) or 1)
+        return math.lcm(config.block_length, diffusion_block_size(model) or 1)
 
 
 REMOTE_CODE_KEYS = ("architectures", "auto_map", "model_type", "transformers_version", "bd_size", "fuse_cross_entropy")
@@ -125,12 +126,6 @@ def refuse_block_size(family: ModelFamily, block_size) -> None:
         )
 
 
-def _lcm(a: int, b: int) -> int:
-    import math
-
-    return math.lcm(a, b)
-
-
 def check_top_k(args, vocab_size: int) -> None:
     """The trust-region mask's top-K fits in the tokens the policy can sample."""
     if args.divergence_top_k > vocab_size:
@@ -156,8 +151,7 @@ class GenericMaskedFamily(MaskedDiffusionFamily):
 
     def load(self, name_or_path, raw_config, *, mask_token_id=None, logit_shift=None, sampling=None, block_size=None,
              **from_pretrained_kwargs):
-        hub = {k: from_pretrained_kwargs[k] for k in ("revision", "token", "cache_dir") if k in from_pretrained_kwargs}
-        config = AutoConfig.from_pretrained(name_or_path, **hub)
+        config = AutoConfig.from_pretrained(name_or_path, **hub_kwargs(from_pretrained_kwargs))
         model = AutoModelForCausalLM.from_pretrained(name_or_path, config=config, **from_pretrained_kwargs)
         saved = model.config
         if mask_token_id is None and getattr(saved, "mask_token_id", None) is None:

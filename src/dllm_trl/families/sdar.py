@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from .base import is_model_type, register_family
+from .base import checkpoint_names, is_model_type, register_family
 from .masked import MaskedDiffusionFamily, qwen_config, refuse_sliding_window
 
 SDAR_MASK_TOKEN_ID = 151669
@@ -32,9 +32,7 @@ class SDARFamily(MaskedDiffusionFamily):
     def matches_checkpoint(self, raw_config: dict) -> bool:
         if not is_model_type(raw_config, "sdar"):
             return False
-        if is_model_type(raw_config, "sdar_moe") or any("moe" in str(a).lower()
-                                                         for a in [raw_config.get("model_type", "")]
-                                                         + list(raw_config.get("architectures") or [])):
+        if any("moe" in name for name in checkpoint_names(raw_config)):
             raise ValueError(
                 "SDAR mixture-of-experts checkpoints (SDAR-30B-A3B) are not supported yet: only the dense SDAR / TraDo "
                 "models (Qwen3 layout) map onto a transformers class here."

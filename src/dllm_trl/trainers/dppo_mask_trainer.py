@@ -31,7 +31,7 @@ from ..models.engines import unwrap_model
 from ..models.engines import vocab_size as model_vocab_size
 from ..families import family_for_checkpoint, family_of, load_diffusion_model
 from ..families.masked import check_top_k
-from ..models.loading import read_raw_config
+from ..models.loading import hub_kwargs, read_raw_config
 from .common import (
     init_with_reference,
     log_metric_extremes,
@@ -67,8 +67,7 @@ def _load_model(name_or_path: str, args: DPPOMaskConfig):
     init_kwargs = dict(args.model_init_kwargs or {})
     kind = args.model_kind
     if kind == "auto":
-        hub = {k: init_kwargs[k] for k in ("revision", "token", "cache_dir") if k in init_kwargs}
-        kind = family_for_checkpoint(read_raw_config(name_or_path, **hub)).kind
+        kind = family_for_checkpoint(read_raw_config(name_or_path, **hub_kwargs(init_kwargs))).kind
     if kind == "diffusion":
         return load_diffusion_model(name_or_path, **init_kwargs)
     return create_model_from_path(name_or_path, **init_kwargs)
