@@ -112,7 +112,7 @@ def llada2_weights(raw: dict, seed: int = 0, negative_bias: bool = True) -> dict
 
     def mlp(prefix, width):
         return {prefix + "gate_proj.weight": randn(width, d, std=s), prefix + "up_proj.weight": randn(width, d, std=s),
-                prefix + "down_proj.weight": randn(d, width, std=1.0 / math.sqrt(width))}
+                prefix + "down_proj.weight": randn(d, width, std=1.0 / math.sqrt(max(width, 1)))}
 
     w = {"model.word_embeddings.weight": randn(vocab, d)}
     for i in range(raw["num_hidden_layers"]):
@@ -201,6 +201,7 @@ def reference_logits(raw: dict, weights: dict, input_ids, block_size: int) -> to
         k, v = k.repeat_interleave(heads // kv, dim=1), v.repeat_interleave(heads // kv, dim=1)
         attn = ((q @ k.transpose(-1, -2)) / math.sqrt(hd) + bias).softmax(-1) @ v
         h = h + attn.transpose(1, 2).reshape(batch, length, heads * hd) @ w[p + "attention.dense.weight"].T
+        h = h + w.get(p + "attention.dense.bias", 0.0)
         x = _rms_norm(h, w[p + "post_attention_layernorm.weight"], eps)
         if i < raw["first_k_dense_replace"]:
             h = h + _swiglu(x, w, p + "mlp.")
@@ -303,26 +304,73 @@ def test_official_folder_needs_no_arguments(tmp_path):
 
 
 def test_unsupported_variants_are_refused(tmp_path):
+    """Refused: what the official code reads and Glm4Moe cannot compute (scaled RoPE, MTP layers, a nonzero bias on
+    the attention output)."""
     weights = llada2_weights(llada2_raw_config())
-    cases = {"score_function": "softmax", "use_bias": True, "norm_topk_prob": False, "norm_head": True,
-             "rope_scaling": {"type": "yarn", "factor": 4.0}}
+    cases = {"rope_scaling": {"type": "yarn", "factor": 4.0}, "num_nextn_predict_layers": 1}
     for key, value in cases.items():
         path = write_checkpoint(tmp_path / key, llada2_raw_config(**{key: value}), weights)
         with pytest.raises(ValueError, match=key):
             load_diffusion_model(path, **LOAD)
+    raw = llada2_raw_config(use_bias=True)
+    biased = {**weights, "model.layers.1.attention.dense.bias": torch.full((raw["hidden_size"],), 0.5)}
+    with pytest.raises(ValueError, match=r"nonzero model\.layers\.1\.attention\.dense\.bias \(use_bias=true\)"):
+        load_diffusion_model(write_checkpoint(tmp_path / "bias", raw, biased), **LOAD)
+
+
+OFFICIAL_CONFIG_CLASS_DEFAULTS = dict(
+    vocab_size=30592, hidden_size=1024, intermediate_size=None, num_hidden_layers=24, num_attention_heads=16,
+    num_key_value_heads=0, hidden_act="silu", use_qkv_bias=False, use_qk_norm=True, use_bias=True, rms_norm_eps=1e-05,
+    norm_head=False, tie_word_embeddings=False, embedding_dropout=0.1, attention_dropout=0.1, output_dropout=0.1,
+    initializer_range=0.02, max_position_embeddings=16384, rope_theta=10000.0, use_cache=True,
+    use_sliding_window=False, sliding_window=4096, max_window_layers=28, rope_scaling=None, pad_token_id=126081,
+    num_experts=16, num_shared_experts=0, num_experts_per_tok=2, n_group=8, topk_group=4, routed_scaling_factor=2.5,
+    moe_intermediate_size=None, first_k_dense_replace=0, head_dim=None, output_router_logits=False,
+    partial_rotary_factor=0.5,
+)
+"""The keyword defaults of the official ``LLaDA2MoeConfig.__init__`` (LLaDA2.0 / 2.1 ``configuration_llada2_moe.py``),
+written out: what ``config.json`` holds for every key a checkpoint's author did not set."""
+TINY_SIZES = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=8, num_experts=8, n_group=4, topk_group=2, moe_intermediate_size=16,
+                  first_k_dense_replace=1, pad_token_id=EOS, eos_token_id=EOS)
+"""The sizes a tiny model must set (the class's ``num_key_value_heads=0`` / ``moe_intermediate_size=None`` build no
+model, even in the official code)."""
+
+
+@pytest.mark.parametrize("changes", [{}, dict(score_function="softmax", norm_topk_prob=False, norm_head=True,
+                                              use_rmsnorm=False, use_sliding_window=True, use_qk_norm=False,
+                                              embedding_dropout=0.3, output_dropout=0.3)],
+                         ids=["class-defaults", "keys-the-official-code-ignores"])
+def test_a_config_written_by_the_official_class_with_its_defaults_loads(tmp_path, changes):
+    """A config.json from the official class's defaults (``use_bias=True``, ``embedding_dropout=0.1``, no shared
+    experts …), saved under the installed transformers, and one that also flips every key the official modeling code
+    never reads: both load, and compute the reference's logits (which follow the official code: q/k always normed,
+    sigmoid routing renormalised, no embedding or output dropout). The official model initialises the attention
+    output's bias to zero; a zero bias is dropped."""
+    kept = {**OFFICIAL_CONFIG_CLASS_DEFAULTS, **TINY_SIZES, **changes}
+    raw = transformers5_config(kept, tmp_path / "saved")
+    assert raw["use_bias"] is True and raw["embedding_dropout"] == changes.get("embedding_dropout", 0.1)
+    weights = llada2_weights({**raw, "num_shared_experts": 0}, seed=4)
+    for i in range(raw["num_hidden_layers"]):
+        weights[f"model.layers.{i}.attention.dense.bias"] = torch.zeros(raw["hidden_size"], dtype=torch.bfloat16)
+    model = load_diffusion_model(write_checkpoint(tmp_path / "model", raw, weights), **F64_LOAD)
+    assert model.config.use_qk_norm is True
+    ids = _ids(2, 9, seed=5)
+    torch.testing.assert_close(_logits(model, ids), reference_logits(raw, weights, ids, BLOCK), rtol=1e-5, atol=1e-5)
 
 
 def test_qkv_bias_and_qk_norm_off(tmp_path):
-    """``use_qkv_bias`` → biases on q/k/v (split like the weight); ``use_qk_norm: false`` → no q/k norms."""
+    """``use_qkv_bias`` → biases on q/k/v (split like the weight); ``use_qk_norm: false`` changes nothing: the official
+    attention norms q and k whatever it says."""
     raw = llada2_raw_config(use_qkv_bias=True)
     weights = llada2_weights(raw, seed=6)
     model = load_diffusion_model(write_checkpoint(tmp_path / "bias", raw, weights), **F64_LOAD)
     ids = _ids(1, 9, seed=7)
     torch.testing.assert_close(_logits(model, ids), reference_logits(raw, weights, ids, BLOCK), rtol=1e-5, atol=1e-5)
     raw = llada2_raw_config(use_qk_norm=False)
-    weights = {k: v for k, v in llada2_weights(raw, seed=8).items() if "layernorm" not in k or "attention" not in k}
+    weights = llada2_weights(raw, seed=8)
     model = load_diffusion_model(write_checkpoint(tmp_path / "nonorm", raw, weights), **F64_LOAD)
-    assert not hasattr(model.model.layers[0].self_attn, "q_norm")
+    torch.testing.assert_close(_logits(model, ids), reference_logits(raw, weights, ids, BLOCK), rtol=1e-5, atol=1e-5)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -373,9 +421,7 @@ def test_official_configs_of_transformers_4_and_5_load_alike(checkpoints, tmp_pa
     (dict(rope_scaling={"rope_type": "default", "rope_theta": 5.0}), ("rope_theta=600000", "rope_scaling")),
     (dict(rotary_dim=16), ("rotary_dim=16", "partial_rotary_factor=0.5")),
     (dict(rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 600000}), ("rope_parameters",)),
-    (dict(use_sliding_window=True), ("use_sliding_window",)),
     (dict(num_nextn_predict_layers=1), ("num_nextn_predict_layers",)),
-    (dict(embedding_dropout=0.1), ("embedding_dropout",)),
     (dict(attention_sink=True), ("attention_sink",)),
 ])
 def test_disagreeing_or_unknown_config_keys_are_refused(tmp_path, changes, named):

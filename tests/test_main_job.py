@@ -14,7 +14,7 @@ def test_moving_average_is_a_trailing_mean():
 
 
 def test_flags_are_trl_style_with_hyphenated_aliases(capsys):
-    args, config = parse_args(["--output_dir", "a", "--max-steps", "3", "--learning_rate", "1e-4", "--skip_eval"])
+    args, config, _ = parse_args(["--output_dir", "a", "--max-steps", "3", "--learning_rate", "1e-4", "--skip_eval"])
     assert (config.output_dir, config.max_steps, config.learning_rate, args.skip_eval) == ("a", 3, 1e-4, True)
     with pytest.raises(SystemExit):
         parse_args(["--help"])
@@ -22,7 +22,8 @@ def test_flags_are_trl_style_with_hyphenated_aliases(capsys):
     assert f"(default: {main_job_settings()['max_steps']})" in help_text  # the help shows every default
     for flag in ("--output_dir", "--model_name_or_path", "--max_steps", "--max-steps", "--learning_rate",
                  "--num_generations", "--prompts_per_step", "--num_sampled_timesteps", "--beta", "--temperature",
-                 "--eval_size", "--reward", "--eval_steps", "--skip_eval", "--seed", "--report_to", "--save_model"):
+                 "--eval_size", "--reward", "--eval_steps", "--skip_eval", "--seed", "--report_to", "--save_model",
+                 "--config", "--use_peft", "--lora_r", "--lora_alpha", "--model_revision", "--load_in_4bit"):
         assert f"{flag} " in help_text, flag
     with pytest.raises(SystemExit):
         parse_args(["--eval_size", "0"])
@@ -34,7 +35,7 @@ def test_no_flags_give_the_trainer_the_settings_of_the_argparse_job():
     out, reach RLDFConfig unchanged (eval_steps now holds the job's evaluation interval; TRL's evaluation stays off)."""
     from dllm_trl.trainers import RLDFConfig
 
-    args, config = parse_args([])
+    args, config, _ = parse_args([])
     before = RLDFConfig(
         output_dir="outputs/sudoku-rldf", max_completion_length=20, block_length=20, unmasking="static",
         diffusion_steps=20, cache_mode="dual", temperature=1.0, num_generations=8, per_device_train_batch_size=64,
@@ -46,25 +47,25 @@ def test_no_flags_give_the_trainer_the_settings_of_the_argparse_job():
         expected = 50 if f.name == "eval_steps" else getattr(before, f.name)
         assert getattr(config, f.name) == expected, f.name
     assert config.eval_strategy == "no"
-    assert dataclasses.asdict(args) == dict(model_name_or_path=None, prompts_per_step=8, eval_size=200, reward="cell",
-                                            skip_eval=False, save_model=False, threads=None)
+    assert dataclasses.asdict(args) == dict(prompts_per_step=8, eval_size=200, reward="cell", skip_eval=False,
+                                            save_model=False, threads=None)
 
 
 def test_yaml_config_sits_between_the_job_defaults_and_the_command_line(tmp_path):
     path = tmp_path / "job.yaml"
     path.write_text("learning_rate: 3.0e-4\nmax_steps: 7\nreward: solve\nsave_steps: 5\n")
-    args, config = parse_args(["--config", str(path), "--max-steps", "9", "--resume_from_checkpoint", "ckpt"])
+    args, config, _ = parse_args(["--config", str(path), "--max-steps", "9", "--resume_from_checkpoint", "ckpt"])
     assert (config.learning_rate, config.max_steps, config.save_steps) == (3e-4, 9, 5)
     assert (args.reward, config.reward_weights, config.resume_from_checkpoint) == ("solve", [1.0, 0.0], "ckpt")
     assert config.lr_scheduler_type == "constant" and config.num_sampled_timesteps == 4  # the job's, not TRL's
 
 
 def test_the_batch_counts_puzzles_or_completions():
-    args, config = parse_args(["--num_generations", "4", "--prompts_per_step", "2"])
+    args, config, _ = parse_args(["--num_generations", "4", "--prompts_per_step", "2"])
     assert (args.prompts_per_step, config.per_device_train_batch_size) == (2, 8)
-    args, config = parse_args(["--per_device_train_batch_size", "16"])
+    args, config, _ = parse_args(["--per_device_train_batch_size", "16"])
     assert (args.prompts_per_step, config.num_generations, config.per_device_train_batch_size) == (2, 8, 16)
-    args, config = parse_args(["--reward_weights", "1", "0"])
+    args, config, _ = parse_args(["--reward_weights", "1", "0"])
     assert (args.reward, config.reward_weights) == ("solve", [1.0, 0.0])
     with pytest.raises(SystemExit):
         parse_args(["--per_device_train_batch_size", "12"])  # not a whole number of groups of 8
@@ -77,6 +78,7 @@ def test_main_job_runs_with_evaluation_skipped(tmp_path, capsys):
                     "--num_generations", "4", "--skip_eval"])
     assert summary["accuracy_before"] is None and summary["accuracy_after"] is None and len(summary["rewards"]) == 1
     assert (tmp_path / "reward_curve.png").stat().st_size > 0 and (tmp_path / "summary.json").is_file()
+    assert not (tmp_path / "_dllm_trl.lock").exists()  # a clean exit leaves no lock file behind
     out = capsys.readouterr()
     assert "evaluation skipped" in out.out
     # The console shows the bar and the closing lines, not TRL's metric dicts: those go to log_history.jsonl.
@@ -103,6 +105,15 @@ def test_main_job_trains_the_checkpoint_it_is_given(tmp_path):
     assert given["settings"]["model_name_or_path"] == str(checkpoint)
     assert shipped["accuracy_before"] > 0 and given["accuracy_before"] == 0
 
+
+def test_main_job_trains_a_lora_adapter_with_trls_model_flags(tmp_path):
+    """--use_peft / --lora_r (TRL's ModelConfig flags, as in the examples): the job trains LoRA weights only."""
+    summary = main(["--output_dir", str(tmp_path), "--max_steps", "1", "--prompts_per_step", "1",
+                    "--num_generations", "4", "--skip_eval", "--use_peft", "--lora_r", "4", "--lora_alpha", "8",
+                    "--lora_target_modules", "q_proj", "v_proj", "--save_model"])
+    assert summary["settings"]["use_peft"] is True and len(summary["rewards"]) == 1
+    adapter = json.loads((tmp_path / "model" / "adapter_config.json").read_text())
+    assert adapter["r"] == 4 and sorted(adapter["target_modules"]) == ["q_proj", "v_proj"]
 
 
 def test_main_job_flags_reward_eval_steps_and_report_to_take_effect(tmp_path):

@@ -7,14 +7,16 @@ curve (``reward_curve.png``), ``summary.json`` and TRL's full per-step metrics (
 ``--output_dir``. The console shows one progress bar (mean rollout reward, held-out solve rate when evaluated, seconds
 per step) and a before/after line; ``--report_to tensorboard`` etc. send TRL's metrics to a tracker as usual.
 
-The command line is TRL's ``TrlParser`` over the job's own flags (:class:`MainJobArguments`) and
-:class:`~dllm_trl.RLDFConfig`, so every TRL / transformers training flag (``--save_steps``, ``--resume_from_checkpoint``
-…), the hyphenated spellings (``--max-steps``) and ``--config job.yaml`` work as in TRL's scripts. Unless a flag (or
-the YAML file) says otherwise the job trains at :func:`main_job_settings`.
+The command line is TRL's ``TrlParser`` over the job's own flags (:class:`MainJobArguments`),
+:class:`~dllm_trl.RLDFConfig` and TRL's ``ModelConfig``, so every TRL / transformers training flag (``--save_steps``,
+``--resume_from_checkpoint`` …), the model flags (``--model_name_or_path`` (a folder or a Hub name), ``--use_peft``,
+``--lora_r``, ``--load_in_4bit`` …), the hyphenated spellings (``--max-steps``) and ``--config job.yaml`` work as in
+TRL's scripts. Unless a flag (or the YAML file) says otherwise the job trains at :func:`main_job_settings`.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -43,11 +45,6 @@ def main_job_settings() -> dict:
 class MainJobArguments:
     """The main job's own flags; every training flag is :class:`~dllm_trl.RLDFConfig`'s (TRL's and transformers')."""
 
-    model_name_or_path: str | None = field(
-        default=None,
-        metadata={"help": "Sudoku diffusion checkpoint to train (a folder written by scripts/pretrain_sudoku.py); "
-                          "default: the shipped noisy-teacher one (assets/sudoku_noisy_teacher)."},
-    )
     prompts_per_step: int = field(
         default=8,
         metadata={"help": "Puzzles per step: the batch is num_generations × prompts_per_step completions (a "
@@ -72,6 +69,8 @@ class MainJobArguments:
 
 
 HELP = {
+    "model_name_or_path": "Sudoku diffusion checkpoint to train: a folder (e.g. written by scripts/toy_pretraining.py) "
+                          "or a Hub name; default: the shipped noisy-teacher one (assets/sudoku_noisy_teacher).",
     "output_dir": "Where the plot, summary, metrics (and with --save_model the model) go.",
     "eval_steps": "Also evaluate the held-out solve rate every N steps (shown on the bar); 0 = only before/after.",
     "per_device_train_batch_size": "Completions per step; unset: num_generations × prompts_per_step.",
@@ -106,7 +105,7 @@ def main_job_parser():
     """TRL's ``TrlParser`` over :class:`MainJobArguments` and :class:`~dllm_trl.RLDFConfig`: every TRL / transformers
     training flag and ``--config job.yaml`` work as in TRL's scripts, the defaults are :func:`main_job_settings`, a
     YAML config overrides them and the command line overrides both."""
-    from trl import TrlParser
+    from trl import ModelConfig, TrlParser
 
     from .trainers import RLDFConfig
 
@@ -116,21 +115,24 @@ def main_job_parser():
             _resolve(self, namespace)
             return namespace, extras
 
-    parser = MainJobParser((MainJobArguments, RLDFConfig), prog="python -m dllm_trl",
+    parser = MainJobParser((MainJobArguments, RLDFConfig, ModelConfig), prog="python -m dllm_trl",
                            description=__doc__.split("\n\n")[0])
     parser.set_defaults(**main_job_settings())
+    # TrlParser reads --config itself, before argparse: listed here so that --help shows it.
+    parser.add_argument("--config", metavar="YAML", default=argparse.SUPPRESS, help="YAML file of flag values (TRL's --config): they replace the "
+                        "defaults, and flags on the command line replace them.")
     for action in parser._actions:
         action.help = HELP.get(action.dest, action.help)
     return parser
 
 
 def parse_args(argv=None):
-    """``(MainJobArguments, RLDFConfig)`` of the command line ``argv`` (default: ``sys.argv[1:]``)."""
+    """``(MainJobArguments, RLDFConfig, ModelConfig)`` of the command line ``argv`` (default: ``sys.argv[1:]``)."""
     os.environ.setdefault("DS_ACCELERATOR", "cpu")  # the job runs on CPU: DeepSpeed need not probe for a GPU
-    args, config = main_job_parser().parse_args_and_config(argv)
+    args, config, model_args = main_job_parser().parse_args_and_config(argv)
     if args.threads is not None and args.threads < 1:
         raise SystemExit(f"error: --threads must be ≥ 1 (got {args.threads}).")
-    return args, config
+    return args, config, model_args
 
 
 def moving_average(values, window=10):
@@ -142,10 +144,12 @@ def moving_average(values, window=10):
     return out
 
 
-def _settings(args: MainJobArguments, config) -> dict:
-    """The :data:`SETTINGS` of this run, from the job's flags and the trainer's config (``report_to`` as given)."""
-    values = {name: getattr(args, name) if hasattr(args, name) else getattr(config, name) for name in SETTINGS}
-    return {**values, "report_to": " ".join(config.report_to) or "none"}
+def _settings(args: MainJobArguments, config, model_args) -> dict:
+    """The :data:`SETTINGS` of this run, from the job's flags, the trainer's config and the model flags
+    (``report_to`` as given)."""
+    values = {name: next(getattr(source, name) for source in (args, model_args, config) if hasattr(source, name))
+              for name in SETTINGS}
+    return {**values, "use_peft": model_args.use_peft, "report_to": " ".join(config.report_to) or "none"}
 
 
 def _minutes(seconds: float) -> str:
@@ -154,7 +158,7 @@ def _minutes(seconds: float) -> str:
 
 def main(argv=None) -> dict:
     start = time.perf_counter()
-    args, config = parse_args(argv)
+    args, config, model_args = parse_args(argv)
     from .prechecks import check_run_setup
 
     check_run_setup(config)  # before anything loads: one line, not a traceback minutes in
@@ -165,16 +169,18 @@ def main(argv=None) -> dict:
     except OutputDirInUseError as error:
         raise SystemExit(f"error: {error}") from None
     try:
-        return _run(args, config, start)
+        return _run(args, config, model_args, start)
     finally:
         release_output_dir(config.output_dir)
 
 
-def _run(args, config, start) -> dict:
+def _run(args, config, model_args, start) -> dict:
     import torch
+    from trl import get_peft_config
 
     from .callbacks import RewardProgressBar
-    from .toy import evaluate_accuracy, load_sudoku_noisy_teacher, sudoku_cell_reward, sudoku_dataset
+    from .families import load_model_and_tokenizer
+    from .toy import evaluate_accuracy, sudoku_cell_reward, sudoku_dataset, toy_assets_dir
     from .toy import sudoku_generation_config, sudoku_reward
     from .trainers import RLDFTrainer
     from .trainers.safe_runs import TrainingInterrupted
@@ -182,7 +188,9 @@ def _run(args, config, start) -> dict:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     os.makedirs(config.output_dir, exist_ok=True)
-    model, tokenizer = load_sudoku_noisy_teacher(path=args.model_name_or_path)
+    if model_args.model_name_or_path is None:
+        model_args.model_name_or_path = str(toy_assets_dir("sudoku_noisy_teacher"))
+    model, tokenizer = load_model_and_tokenizer(model_args)
     held_out = sudoku_dataset("test", size=args.eval_size) if not args.skip_eval else None
     eval_config = sudoku_generation_config()
 
@@ -198,6 +206,7 @@ def _run(args, config, start) -> dict:
         args=config,
         train_dataset=sudoku_dataset("train"),
         processing_class=tokenizer,
+        peft_config=get_peft_config(model_args),
     )
     progress = RewardProgressBar(
         evaluate=None if args.skip_eval or config.eval_steps == 0 else solve_rate,
@@ -231,7 +240,7 @@ def _run(args, config, start) -> dict:
         "total_seconds": total_seconds,
         "steps": trainer.state.global_step,
         "rewards": rewards,
-        "settings": _settings(args, config),
+        "settings": _settings(args, config, model_args),
     }
     with open(os.path.join(config.output_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)

@@ -30,6 +30,7 @@ LLADA2_KEY_MAPPING = {
     r"^model\.layers\.(\d+)\.attention\.dense\.": r"model.layers.\1.self_attn.o_proj.",
     r"^model\.layers\.(\d+)\.mlp\.gate\.expert_bias$": r"model.layers.\1.mlp.gate.e_score_correction_bias",
 }
+_LLADA2_DENSE_BIAS = re.compile(r"^model\.layers\.\d+\.attention\.dense\.bias$")
 _LLADA2_QKV = re.compile(r"^model\.layers\.(\d+)\.attention\.query_key_value\.(weight|bias)$")
 LLADA2_PASSED_KEYS = (
     "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
@@ -50,6 +51,15 @@ LLADA2_REMOTE_CODE_KEYS = REMOTE_CODE_KEYS + (
 """Keys of the official LLaDA2 config read only by the remote code, or that change nothing here (``router_dtype``:
 Glm4Moe routes in float32 too; ``sliding_window`` / ``max_window_layers`` only with ``use_sliding_window``;
 ``mtp_loss_scaling_factor`` only in training with next-token-prediction layers, refused below)."""
+LLADA2_IGNORED_KEYS = ("score_function", "norm_topk_prob", "norm_head", "use_rmsnorm", "use_sliding_window",
+                       "embedding_dropout", "output_dropout", "use_qk_norm", "use_bias")
+"""Keys of the official LLaDA2 config (its ``LLaDA2MoeConfig`` writes them, with defaults such as
+``embedding_dropout=0.1``, ``use_bias=True``) that the official modeling code never reads, or reads where the result
+is what Glm4Moe computes: it routes with a sigmoid and renormalises the chosen experts whatever ``score_function`` /
+``norm_topk_prob`` say, has a plain LM head (``norm_head``), RMSNorm only, no sliding window and no dropout after
+the embedding or on the block outputs, and always norms q and k (``use_qk_norm``). ``use_bias`` gives the attention
+output a bias: the checkpoint's tensors decide (:func:`llada2_state_dict` drops an all-zero one and refuses any
+other)."""
 LLADA2_TRANSLATED_KEYS = ("num_experts", "num_shared_experts", "use_qkv_bias", "use_qk_norm")
 """Keys under another name in Glm4Moe (``n_routed_experts``, ``n_shared_experts``, ``attention_bias``, ``use_qk_norm``)."""
 LLADA2_DEFAULT_ROPE = {"rope_theta": 10000.0, "partial_rotary_factor": 0.5}
@@ -102,19 +112,9 @@ def llada2_to_glm4_moe_config(raw: dict) -> Glm4MoeConfig:
                if k not in raw]
     if missing:
         raise ValueError(f"LLaDA2 config is missing {missing}; is this an official LLaDA2.0 / 2.1 checkpoint?")
-    refusals = {
-        "score_function": (raw.get("score_function", "sigmoid") != "sigmoid",
-                           "only the sigmoid router maps onto Glm4Moe"),
-        "use_bias": (bool(raw.get("use_bias")), "Glm4Moe's o_proj has no bias"),
-        "norm_topk_prob": (raw.get("norm_topk_prob", True) is False and raw.get("num_experts_per_tok", 1) > 1,
-                           "the official router renormalises the chosen experts' scores whatever this key says"),
-        "norm_head": (bool(raw.get("norm_head")), "a normalised LM head has no Glm4Moe counterpart"),
-        "use_rmsnorm": (raw.get("use_rmsnorm", True) is not True, "Glm4Moe normalises with RMSNorm"),
-        "use_sliding_window": (bool(raw.get("use_sliding_window")), "Glm4Moe attends over the whole sequence"),
+    refusals = {  # keys the official code reads where Glm4Moe would compute something else
         "num_nextn_predict_layers": (bool(raw.get("num_nextn_predict_layers")),
                                      "the multi-token-prediction layers are not loaded here"),
-        "embedding_dropout": (bool(raw.get("embedding_dropout")), "Glm4Moe has no dropout after the embedding"),
-        "output_dropout": (bool(raw.get("output_dropout")), "Glm4Moe has no dropout on the block outputs"),
     }
     for key, (refused, why) in refusals.items():
         if refused:
@@ -122,7 +122,7 @@ def llada2_to_glm4_moe_config(raw: dict) -> Glm4MoeConfig:
     rope = llada2_rope_parameters(raw)
     generic = set(PretrainedConfig().to_dict()) - {"dtype"}
     known = (set(LLADA2_PASSED_KEYS) | set(LLADA2_ROPE_KEYS) | set(LLADA2_REMOTE_CODE_KEYS)
-             | set(LLADA2_TRANSLATED_KEYS) | set(refusals) | generic)
+             | set(LLADA2_TRANSLATED_KEYS) | set(LLADA2_IGNORED_KEYS) | set(refusals) | generic)
     unknown = sorted(set(raw) - known)
     if unknown:
         raise ValueError(f"LLaDA2 config has {unknown}, keys not known here (they may change the model): a checkpoint "
@@ -137,7 +137,7 @@ def llada2_to_glm4_moe_config(raw: dict) -> Glm4MoeConfig:
         n_routed_experts=raw["num_experts"],
         n_shared_experts=raw.get("num_shared_experts") or 0,
         attention_bias=bool(raw.get("use_qkv_bias", False)),
-        use_qk_norm=bool(raw.get("use_qk_norm", True)),
+        use_qk_norm=True,  # the official attention norms q and k whatever use_qk_norm says
         norm_topk_prob=True,
         rope_parameters=rope,
         num_nextn_predict_layers=0,
@@ -190,6 +190,11 @@ def llada2_state_dict(name_or_path: str, config: Glm4MoeConfig, files: ExitStack
                 for name, part in (("q_proj", q), ("k_proj", k), ("v_proj", v)):
                     state[f"model.layers.{layer}.self_attn.{name}.{kind}"] = part.contiguous()
                 continue
+            if _LLADA2_DENSE_BIAS.match(key):
+                if handle.get_tensor(key).any():
+                    raise ValueError(f"LLaDA2 checkpoint has a nonzero {key} (use_bias=true), which is not supported: "
+                                     "Glm4Moe's o_proj has no bias.")
+                continue  # a zero bias adds nothing
             name = key
             for pattern, replacement in LLADA2_KEY_MAPPING.items():
                 name, hits = re.subn(pattern, replacement, name)

@@ -9,7 +9,9 @@ from typing import TYPE_CHECKING
 import torch
 from accelerate import PartialState
 from transformers import AutoTokenizer
+from transformers.utils import cached_file
 
+from ..models.loading import is_hub_name
 from .loading import load_adapter, load_diffusion_model
 
 if TYPE_CHECKING:
@@ -57,7 +59,7 @@ def load_model_and_tokenizer(model_args: ModelConfig, device: str | None = None)
                          "or a folder; the shipped toy is dllm_trl.toy.toy_assets_dir()).")
     load_kwargs = model_init_kwargs(model_args, device)
     quantized = "quantization_config" in load_kwargs
-    base = adapter_base_model(path)
+    base = adapter_base_model(path, revision=model_args.model_revision)
     if base is None:
         model = load_diffusion_model(path, **load_kwargs)
     else:
@@ -70,13 +72,18 @@ def load_model_and_tokenizer(model_args: ModelConfig, device: str | None = None)
     return model.eval(), tokenizer
 
 
-def adapter_base_model(path: str) -> str | None:
-    """The base model that the PEFT adapter folder ``path`` was trained on; ``None`` when ``path`` holds no adapter."""
-    if not os.path.isfile(os.path.join(path, "adapter_config.json")):
-        return None
+def adapter_base_model(path: str, **hub) -> str | None:
+    """The base model that the PEFT adapter ``path`` (a folder or a Hub name; ``hub``: ``revision`` / ``token`` /
+    ``cache_dir``) was trained on; ``None`` when ``path`` holds no adapter."""
+    if os.path.isdir(path):
+        if not os.path.isfile(os.path.join(path, "adapter_config.json")):
+            return None
+    elif not is_hub_name(path) or cached_file(path, "adapter_config.json", _raise_exceptions_for_missing_entries=False,
+                                              _raise_exceptions_for_connection_errors=False, **hub) is None:
+        return None  # no adapter there: the model loader says what is missing
     from peft import PeftConfig
 
-    return PeftConfig.from_pretrained(path).base_model_name_or_path
+    return PeftConfig.from_pretrained(path, **hub).base_model_name_or_path
 
 
 def save_trained_model(trainer, training_args) -> None:

@@ -103,7 +103,16 @@ def logits_at(model: nn.Module, rows: torch.Tensor, columns: torch.Tensor, **for
         output = model(**forward_kwargs, logits_to_keep=0)
     finally:
         handle.remove()
-    return output.logits[0], output.past_key_values
+    return output.logits[0], output_cache(output)
+
+
+def output_cache(output):
+    """The KV cache a model output carries: its ``cache`` field on transformers ≥ 5.24 (where reading
+    ``past_key_values`` logs a deprecation), ``past_key_values`` before; ``None`` when it holds none."""
+    for name in ("cache", "past_key_values"):
+        if name in output.keys():
+            return output[name]
+    return None
 
 
 def apply_at(model: nn.Module, rows: torch.Tensor, columns: torch.Tensor, fn, **forward_kwargs):

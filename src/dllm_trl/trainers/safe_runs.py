@@ -81,6 +81,9 @@ def acquire_output_dir(output_dir: str) -> str:
             "logs and replace each other's checkpoints. Wait for that run to end (or stop it), or pass another "
             "--output_dir."
         ) from None
+    if not _still_linked(handle, path):  # the holder we waited on removed the file as it released it: take anew
+        handle.close()
+        return acquire_output_dir(output_dir)
     handle.seek(0)
     handle.truncate()
     handle.write(f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
@@ -98,7 +101,17 @@ def release_output_dir(output_dir: str) -> None:
     held[1] -= 1
     if held[1] == 0:
         del _held_locks[path]
+        if _still_linked(held[0], path):  # a clean exit leaves no lock file behind; removed while still held, so a
+            os.unlink(path)               # process that opened it meanwhile sees it gone and takes a new one
         held[0].close()  # closing the file releases the flock
+
+
+def _still_linked(handle, path: str) -> bool:
+    """``path`` still names the file ``handle`` has open (not removed or replaced since it was opened)."""
+    try:
+        return os.path.samestat(os.fstat(handle.fileno()), os.stat(path))
+    except (OSError, ValueError):  # removed, or the devnull stand-in of a filesystem without flock
+        return False
 
 
 # ----------------------------------------------------------------------------------------------------- disk full
