@@ -64,7 +64,14 @@ def load_model_and_tokenizer(model_args: ModelConfig, device: str | None = None)
         model = load_diffusion_model(path, **load_kwargs)
     else:
         model = load_adapter(load_diffusion_model(base, **load_kwargs), path, merge=not quantized)
-    tokenizer = AutoTokenizer.from_pretrained(path, revision=model_args.model_revision, padding_side="left")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, revision=model_args.model_revision, padding_side="left")
+    except OSError:
+        if base is None:
+            raise
+        # An adapter saved without a tokenizer, or one whose tokenizer transformers cannot resolve without the model's
+        # config.json (which an adapter has not; offline, the Hub cache cannot tell it is absent): the base model's.
+        tokenizer = AutoTokenizer.from_pretrained(base, padding_side="left")
     if device is None:
         return model, tokenizer
     if not quantized:
