@@ -82,7 +82,7 @@ def is_setup(command: str) -> bool:
     words = shlex.split(command)
     return (
         words[:3] == ["python3", "-m", "venv"]
-        or words[0] in (".", "source")
+        or words[0] in (".", "source", "deactivate")
         or words[:2] in (["pip", "install"], ["pip", "uninstall"])
         or words[:3] == ["python", "-m", "pytest"]
     )

@@ -64,7 +64,8 @@ class MainJobArguments:
     save_model: bool = field(default=False, metadata={"help": "Also save the trained checkpoint to <output_dir>/model."})
     threads: int | None = field(
         default=None,
-        metadata={"help": "torch CPU threads; default: torch's choice (OMP_NUM_THREADS when set, else the cores)."},
+        metadata={"help": "torch CPU threads; default: OMP_NUM_THREADS when set, else the cores that the machine's "
+                          "load (1-minute average) leaves free, at least 1 (see fair_threads)."},
     )
 
 
@@ -135,6 +136,18 @@ def parse_args(argv=None):
     return args, config, model_args
 
 
+def fair_threads() -> int:
+    """The job's default torch thread count: ``OMP_NUM_THREADS`` when set; otherwise the cores this process may run on
+    less the machine's 1-minute load average, at least 1. The toy's matmuls are tiny, so a thread that has to wait for
+    a core held by another process stalls every step (docs/main_job.md has the timings, alone and beside a busy
+    process)."""
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit() and int(os.environ["OMP_NUM_THREADS"]) > 0:
+        return int(os.environ["OMP_NUM_THREADS"])
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    return max(1, min(cores, cores - round(load)))
+
+
 def moving_average(values, window=10):
     """Trailing mean over the last ``window`` values (shorter at the start)."""
     out = []
@@ -185,8 +198,7 @@ def _run(args, config, model_args, start) -> dict:
     from .trainers import RLDFTrainer
     from .trainers.safe_runs import TrainingInterrupted
 
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads if args.threads is not None else fair_threads())
     os.makedirs(config.output_dir, exist_ok=True)
     if model_args.model_name_or_path is None:
         model_args.model_name_or_path = str(toy_assets_dir("sudoku_noisy_teacher"))

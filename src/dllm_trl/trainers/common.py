@@ -147,6 +147,29 @@ def check_prompt_positions(model, prompt_length: int, completion_length: int) ->
         )
 
 
+PROMPT_LENGTH_CHECK_ROWS = 100_000
+"""Datasets up to this many rows have every prompt measured at init (a larger one only at each batch)."""
+
+
+def check_lengths_fit(model, completion_length: int, train_dataset=None, tokenizer=None) -> None:
+    """At init, not at the first step: ``max_completion_length`` plus the longest prompt of ``train_dataset`` (as TRL
+    tokenizes it, when the tokenizer is given and the dataset has at most :data:`PROMPT_LENGTH_CHECK_ROWS` rows; else
+    plus one token) must fit the model's positions (:func:`check_prompt_positions`)."""
+    from ..data.prompts import render_prompt
+
+    longest = 1
+    columns = getattr(train_dataset, "column_names", None) or ()
+    if tokenizer is not None and "prompt" in columns and len(train_dataset) <= PROMPT_LENGTH_CHECK_ROWS:
+        text_tokenizer = getattr(tokenizer, "tokenizer", tokenizer)
+        try:
+            texts = [render_prompt(text_tokenizer, prompt) for prompt in train_dataset["prompt"]]
+        except ValueError:  # no chat template: TRL's own error comes at the first batch
+            texts = []
+        if texts:
+            longest = max(len(ids) for ids in text_tokenizer(texts, add_special_tokens=False)["input_ids"])
+    check_prompt_positions(model, longest, completion_length)
+
+
 def diffusion_family(model, trainer_name: str):
     """The model's family (:func:`~dllm_trl.families.family_of`), refused unless it is a diffusion LM's."""
     family = family_of(model)

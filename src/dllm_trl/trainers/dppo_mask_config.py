@@ -181,6 +181,7 @@ class CausalDPPOMaskConfig(TrustRegionArguments, SafeRunArguments, GRPOConfig):
         if self.use_vllm and "logprobs" in (self.generation_kwargs or {}):
             raise ValueError("generation_kwargs['logprobs'] would change the top-K vLLM returns for μ: remove it and "
                              "set divergence_top_k instead.")
+        self.bf16_from_hardware()
         super().__post_init__()
 
 

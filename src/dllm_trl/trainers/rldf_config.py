@@ -101,6 +101,18 @@ class SafeRunArguments:
         default=False, metadata={"help": "Stop when a reward function returns None, NaN or ±inf (default: log and warn)."}
     )
 
+    def bf16_from_hardware(self) -> None:
+        """``bf16=None`` (not asked): bf16 mixed precision where the training device computes in bf16 (a CUDA GPU
+        that supports it, or another accelerator), float32 on a CPU, where TRL's ``True`` would stop the config
+        ("Your setup doesn't support bf16/gpu") or, with ``use_cpu``, slow every forward down."""
+        if self.bf16 is None and not self.fp16:
+            if self.use_cpu or not torch.accelerator.is_available():
+                self.bf16 = False
+            elif torch.cuda.is_available():
+                self.bf16 = torch.cuda.is_bf16_supported()
+            else:
+                self.bf16 = True
+
 
 @dataclass
 class RLDFConfig(SafeRunArguments, GRPOConfig):
@@ -309,6 +321,7 @@ class RLDFConfig(SafeRunArguments, GRPOConfig):
             raise ValueError(f"backward_mode={self.backward_mode!r}: expected one of {BACKWARD_MODES}.")
         self.check_rollout_correction()
         check_grpo_fields(self, self.refused_grpo_fields())
+        self.bf16_from_hardware()
         super().__post_init__()
         # Validate the sampler settings now rather than at the first rollout, naming this config's fields.
         try:  # (a block length of None is the model's, checked by the trainer: one block stands in for it here)

@@ -42,6 +42,7 @@ from ..models.engines import (
 )
 from ..families import load_diffusion_model
 from .common import (
+    check_lengths_fit,
     check_prompt_positions,
     diffusion_family,
     resolve_block_length,
@@ -102,6 +103,7 @@ class RLDFTrainer(SafeRunMixin, GRPOTrainer):
         self.sampler.check_model(model)
         check_sampler_length(self.sampler.config, args)
         check_training_inputs(model, kwargs.get("train_dataset"), kwargs.get("processing_class"))
+        check_lengths_fit(model, args.max_completion_length, kwargs.get("train_dataset"), kwargs.get("processing_class"))
         reference = init_with_reference(self, super().__init__, model, args, reward_funcs=reward_funcs, **kwargs)
         self.family.prepare_wrapped_model(self.model)
         prepare_model_buffers(self.model, self.accelerator)
