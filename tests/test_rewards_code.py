@@ -284,7 +284,7 @@ def test_issue42_mutants_sample():
     """A fixed sample of the issue-42 mutants (tests/code_mutants.py; all of them:
     ``python benchmarks/code_reward.py --mutants``): hostile ones score 0, fair ones 1 (and pass in
     plain CPython, the reference)."""
-    mutants = all_mutants()[::5]
+    mutants = all_mutants()[::9]
     for cls, name, prog, tests, want in mutants:
         if want == 1.0:
             for t in tests:

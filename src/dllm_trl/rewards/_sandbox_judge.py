@@ -14,9 +14,11 @@ the candidate's objects only as :class:`RemoteObject` proxies: calling one ships
 the executor, which calls the real function and ships the result back as data (see
 ``_sandbox_codec.py``); objects that are not data stay in the executor and come back as proxies
 again (iterators too, consumed on request); callables the test passes in (``key=len``, a lambda)
-are called back here; in-place changes to the test's arguments are written back. Assertions and
-comparisons are evaluated here on values of trusted types; ``x in obj`` on a proxy is membership
-among its items.
+are called back here; in-place changes to the test's arguments are written back. Assertions,
+comparisons and every operator of the test's own expressions are evaluated here on values of trusted
+types: a value that crosses from the program into a test expression is data the judge understands or an
+opaque handle, so arithmetic on a proxy is refused (a TypeError), never forwarded to the program;
+``x in obj`` on a proxy is membership among its items.
 
 What the judge knows about the program comes from the program's source (:func:`program_names`,
 read here) and from its own records, never from the executor, which the candidate controls
@@ -367,8 +369,9 @@ class RemoteObject:
     assignment, ``str`` / ``repr``, ``float`` / ``int``, ``with`` and ``isinstance`` are forwarded to
     the executor; the replies are data. ``x in obj`` looks for ``x`` among the object's items with the
     judge's own comparison, never the candidate's ``__contains__``. Equality is identity of the
-    sandboxed object (never the candidate's ``__eq__``), truth testing is refused (never the
-    candidate's ``__bool__``), and ``with obj:`` never suppresses an exception of the test."""
+    sandboxed object (never the candidate's ``__eq__``), truth testing and arithmetic are refused
+    (never the candidate's ``__bool__`` / ``__sub__``), and ``with obj:`` never suppresses an
+    exception of the test."""
 
     __slots__ = ("_executor", "_hid", "_label", "_built", "_kind", "_grant")
     _sandbox_handle = True
@@ -766,8 +769,10 @@ def _judge_value(node, env):
         a, b = _judge_value(node.left, env), _judge_value(node.right, env)
         numbers = (int, float, complex)
         if type(a) in numbers and type(b) in numbers:
-            if isinstance(node.op, ast.Pow) and (abs(b) > 64 if type(b) is int else False):
-                raise ValueError("large power")
+            bits = [abs(x).bit_length() if type(x) is int else 64 for x in (a, b)]
+            if isinstance(node.op, ast.Pow) and type(b) is int and bits[0] * abs(b) > 4096 \
+                    or isinstance(node.op, ast.Mult) and sum(bits) > 4096:
+                raise ValueError("a number too large for the judge to evaluate")
         elif isinstance(node.op, ast.Mult) and type(a) in (list, tuple, str) and type(b) is int and 0 <= len(a) * b <= 10000:
             pass
         elif isinstance(node.op, ast.Add) and type(a) is type(b) and type(a) in (list, tuple, str) and len(a) + len(b) <= 10000:
@@ -1089,8 +1094,8 @@ def _class_model(node, env=None):
     try:
         return (_dataclass_model(node, env) or _namedtuple_class_model(node) or _builtin_subclass_model(node)
                 or _enum_model(node, env))
-    except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
-        return None
+    except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError, ArithmeticError):
+        return None  # (ArithmeticError: a default CPython refuses too, ``1 / 0``, ``1e308 ** 2``)
 
 
 def program_names(program):
