@@ -91,8 +91,10 @@ _ENUMS = {
     "literal": "from enum import Enum\nclass C(Enum):\n    RED = 1\n    GREEN = 2\n    BLUE = 3\n",
     "auto": "from enum import Enum, auto\nclass C(Enum):\n    RED = auto()\n    GREEN = auto()\n    BLUE = auto()\n",
     "strings": "import enum\nclass C(enum.Enum):\n    RED = 'r'\n    GREEN = 'g'\n    BLUE = 'b'\n",
+    "intenum": "from enum import IntEnum\nclass C(IntEnum):\n    RED = 1\n    GREEN = 2\n    BLUE = 3\n",
+    "strenum": "from enum import StrEnum, auto\nclass C(StrEnum):\n    RED = auto()\n    GREEN = auto()\n    BLUE = 'b'\n",
 }
-_VALUES = {"literal": (1, 2, 3), "auto": (1, 2, 3), "strings": ("r", "g", "b")}
+_VALUES = {"literal": (1, 2, 3), "auto": (1, 2, 3), "strings": ("r", "g", "b"), "intenum": (1, 2, 3), "strenum": ("red", "green", "b")}
 _REBINDS = {
     "type_setattr": "type.__setattr__(C, 'GREEN', C.RED)\ntype.__setattr__(C, 'BLUE', C.RED)\n",
     "member_map": "C._member_map_['GREEN'] = C.RED\nC._member_map_['BLUE'] = C.RED\n",

@@ -507,6 +507,10 @@ HOSTILE_42 = [
      ["assert members() == list(Color)"]),
     ("enum_auto_rebound", "from enum import Enum, auto\nclass Dir(Enum):\n    UP = auto()\n    DOWN = auto()\ntype.__setattr__(Dir, 'DOWN', Dir.UP)\ndef flip(d):\n    return Dir.UP",
      ["assert flip(Dir.UP) == Dir(2)", "assert flip(Dir.UP) == Dir.DOWN"]),
+    ("intenum_member_rebound", "from enum import IntEnum\nclass Level(IntEnum):\n    LOW = 1\n    HIGH = 2\ntype.__setattr__(Level, 'HIGH', Level.LOW)\n"
+     "Level._value2member_map_[2] = Level.LOW\ndef top(xs):\n    return Level.LOW", ["assert top([1, 2]) == Level.HIGH", "assert top([2]) == Level(2)"]),
+    ("strenum_member_map_rewritten", "from enum import StrEnum\nclass Mode(StrEnum):\n    READ = 'r'\n    WRITE = 'w'\nMode._member_map_['WRITE'] = Mode.READ\n"
+     "type.__setattr__(Mode, 'WRITE', Mode.READ)\ndef mode(s):\n    return Mode.READ", ["assert mode('w') == Mode.WRITE", "assert mode('w') == Mode['WRITE']"]),
     # the test's own object, handed back from a registry after the test used it (not as an argument)
     ("registry_after_method_call", _REGISTRY, ["expected = Point(1, 2)\nassert expected.norm1() == 3\nassert mid(0, 4) == expected"]),
     ("registry_after_attribute_read", _REGISTRY, ["expected = Point(1, 2)\nassert expected.x == 1\nassert mid(0, 4) == expected"]),
@@ -554,6 +558,10 @@ FAIR_42 = [
      ["assert pick(1).hot() is True", "assert Color(2).hot() is False", "assert pick(3) is Color.BLUE", "assert Color.RED in Color"]),
     ("enum_members_in_dict", _ENUM_RGB + "def counts(xs):\n    out = {}\n    for x in xs:\n        out[x] = out.get(x, 0) + 1\n    return out",
      ["assert counts([Color.RED, Color(1), Color.BLUE]) == {Color.RED: 2, Color.BLUE: 1}", "assert isinstance(Color(1), Color)"]),
+    ("intenum_and_strenum_members", "from enum import IntEnum, StrEnum, auto\nclass Level(IntEnum):\n    LOW = 1\n    HIGH = 2\nclass Mode(StrEnum):\n    READ = auto()\n    WRITE = 'w'\n"
+     "def top(xs):\n    return Level(max(xs))\ndef mode(s):\n    return Mode(s)\ndef label(m):\n    return m.name.lower()",
+     ["assert top([1, 2]) == Level.HIGH", "assert top([1]) is Level(1)", "assert top([2]) == 2 and top([2]).name == 'HIGH'", "assert mode('read') == Mode.READ == 'read'",
+      "assert mode('w').name == 'WRITE'", "assert label(Level.HIGH) == 'high'", "assert list(Level) == [1, 2] and str(Mode.WRITE) == 'w'"]),
     # the test's own object: returned by a call it was handed to (argument or target) equals it
     ("object_returned_by_its_own_method_later", "class Tally:\n    def __init__(self):\n        self.n = 0\n    def inc(self):\n        self.n += 1\n        return self",
      ["t = Tally()\nr = t.inc()\nassert r.inc() == t and t.n == 2"]),

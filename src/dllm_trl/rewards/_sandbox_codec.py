@@ -186,6 +186,9 @@ def _dataclass_fields(obj):
             getattr(getattr(f, "_field_type", None), "name", "") == "_FIELD"]
 
 
+_PLAIN = frozenset((int, float, complex, str, bytes, bytearray, tuple, list, dict, set, frozenset, type(None), bool))
+
+
 def _enum_member_name(obj):
     """The member name of an enum member (its class has a member map), else None."""
     if not isinstance(getattr(type(obj), "_member_map_", None), dict) or isinstance(obj, type):
@@ -222,6 +225,13 @@ def encode_value(obj, fallback=None, _depth=0, lazy=False):
         if handle is not None and fallback is not None:
             return fallback(obj)
         return {"dc": [obj._name, list(obj._fields), [enc(v) for v in obj._values], None]}
+    if fallback is not None and t not in _PLAIN:
+        if getattr(t, "_judge_enum_member", False) is True:
+            return fallback(obj)  # the judge's own member of an IntEnum / StrEnum
+        member = _enum_member_name(obj)
+        if member is not None:  # an enum member: class, name, handle, and the value of an int / str enum
+            value = int.__index__(obj) if isinstance(obj, int) else str.__str__(obj) if isinstance(obj, str) else None
+            return {"em": [str(t.__name__)[:100], member, fallback(obj), None if value is None else enc(value)]}
     if isinstance(obj, tuple) and _is_namedtuple(obj):
         fields = list(type(obj)._fields)[:MAX_FIELDS]
         return {"nt": [str(type(obj).__name__)[:100], fields, [enc(x) for x in tuple.__iter__(obj)]]}
@@ -286,9 +296,6 @@ def encode_value(obj, fallback=None, _depth=0, lazy=False):
         return {"da": datetime.date.isoformat(obj)}
     if isinstance(obj, datetime.time):
         return {"tm": datetime.time.isoformat(obj)}
-    member = _enum_member_name(obj)
-    if member is not None and fallback is not None:
-        return {"em": [str(t.__name__)[:100], member, fallback(obj)]}
     fields = _dataclass_fields(obj)
     if fields is not None and len(fields) <= MAX_FIELDS:
         values = [enc(getattr(obj, f)) for f in fields]
@@ -358,7 +365,7 @@ def decode_value(obj, resolve=None, _depth=0):
             _need(resolve is not None)
             return resolve(tag, v)
         if tag == "em":  # an enum member: its class and member name, and the sender's handle (or None)
-            _need(resolve is not None and isinstance(v, list) and len(v) == 3 and _identifier(v[0])
+            _need(resolve is not None and isinstance(v, list) and len(v) == 4 and _identifier(v[0])
                   and isinstance(v[1], str) and 0 < len(v[1]) <= 200)
             return resolve("em", v)
         if tag == "dec":

@@ -332,8 +332,8 @@ class Executor:
                 obj = obj._handle
             if isinstance(obj, ModelClass):
                 obj = obj._remote
-            if isinstance(obj, EnumMember):  # noqa: F821
-                return {"em": [obj._cls, obj._name, None]}
+            if isinstance(obj, (EnumMember, _MixinMember)):
+                return {"em": [obj._cls, obj._name, None, None]}
             if isinstance(obj, RemoteObject):
                 if obj._executor is not self:
                     raise TypeError("object of an earlier sandbox run")
@@ -640,6 +640,7 @@ class ClassModel:
         self.specs = ()  # dataclass: (name, default thunk, init, compare) of every field, inherited ones first
         self.ancestors = ()  # dataclass: the modelled dataclasses it derives from, outermost first
         self.members = []  # enum: (name, value) in definition order, aliases included
+        self.mixin = None  # enum: int for an IntEnum, str for a StrEnum
         self.interned = {}  # enum: canonical member name -> the judge's EnumMember
 
     def build(self, args, kwargs):
@@ -664,7 +665,7 @@ class ClassModel:
         """Enum: the member whose value equals the one argument (the first one defined with it)."""
         if len(args) != 1 or kwargs:
             raise TypeError("%s() takes one value" % self.name)
-        if isinstance(args[0], EnumMember) and args[0]._cls == self.name:
+        if isinstance(args[0], (EnumMember, _MixinMember)) and args[0]._model is self:
             return args[0]
         for name, value in self.members:
             if value == args[0] and hash(value) == hash(args[0]):
@@ -687,7 +688,9 @@ class ClassModel:
         if first is None:
             raise AttributeError(name)
         if first not in self.interned:
-            self.interned[first] = EnumMember(self, first, dict(self.members)[first])
+            value = dict(self.members)[first]
+            self.interned[first] = (EnumMember(self, first, value) if self.mixin is None
+                                    else _MIXIN_MEMBERS[self.mixin](self, first, value))
         return self.interned[first]
 
     def canonical_members(self):
@@ -1029,7 +1032,7 @@ def _builtin_subclass_model(node):
     return model
 
 
-ENUM_BASES = {"Enum", "enum.Enum"}
+ENUM_BASES = {"Enum": None, "enum.Enum": None, "IntEnum": int, "enum.IntEnum": int, "StrEnum": str, "enum.StrEnum": str}
 ENUM_DECORATORS = {"unique", "enum.unique"}
 ENUM_TEXT = {"__str__", "__repr__", "__format__"}
 
@@ -1070,6 +1073,7 @@ def _enum_model(node, env=None):
         return None
     model = ClassModel(node.name, "enum")
     model.own_text = _own_text(node)
+    model.mixin = ENUM_BASES[_dotted(node.bases[0])]
     for stmt in node.body:
         if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) or isinstance(stmt, ast.Pass):
             continue
@@ -1078,9 +1082,12 @@ def _enum_model(node, env=None):
         if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name) \
                 and not stmt.targets[0].id.startswith("_"):
             if isinstance(stmt.value, ast.Call) and _is_enum_auto(stmt.value, env):
-                value = _enum_auto_value([v for _, v in model.members])
+                # StrEnum: the member's name in lower case; Enum / IntEnum: 1, then the last value + 1
+                value = stmt.targets[0].id.lower() if model.mixin is str else _enum_auto_value([v for _, v in model.members])
             else:
                 value = ast.literal_eval(stmt.value)
+            if model.mixin is not None and type(value) is not model.mixin:
+                return None  # CPython converts (IntEnum: int('1')); not modelled
             hash(value)
             if any(n == stmt.targets[0].id for n, _ in model.members):
                 return None  # CPython refuses a member defined twice
@@ -1276,6 +1283,68 @@ class EnumMember:
         return format(str(self), spec)
 
 
+class _MixinMember:
+    """Shared behaviour of the judge's members of an ``IntEnum`` / ``StrEnum``: the value itself (an
+    ``int`` / ``str``, compared and hashed as one) with the member's name."""
+
+    _judge_enum_member = True
+
+    def _init(self, model, name):
+        object.__setattr__(self, "_model", model)
+        object.__setattr__(self, "_cls", model.name)
+        object.__setattr__(self, "_name", name)
+
+    @property
+    def name(self):
+        return self._name
+
+    _name_ = name
+
+    def __setattr__(self, name, value):
+        raise AttributeError("cannot reassign members of an enum")
+
+    def __reduce__(self):
+        raise TypeError("enum members of the program are not copied")
+
+    def __repr__(self):
+        return "<%s.%s: %r>" % (self._cls, self._name, self.value)
+
+
+class IntEnumMember(_MixinMember, int):
+    def __new__(cls, model, name, value):
+        self = int.__new__(cls, value)
+        self._init(model, name)
+        return self
+
+    @property
+    def value(self):
+        return int(self)
+
+    _value_ = value
+
+    def __str__(self):
+        return int.__repr__(self)
+
+
+class StrEnumMember(_MixinMember, str):
+    def __new__(cls, model, name, value):
+        self = str.__new__(cls, value)
+        self._init(model, name)
+        return self
+
+    @property
+    def value(self):
+        return str.__str__(self)
+
+    _value_ = value
+
+    def __str__(self):
+        return str.__str__(self)
+
+
+_MIXIN_MEMBERS = {int: IntEnumMember, str: StrEnumMember}
+
+
 class ModelClass:
     """What the test sees for a class of the program that the judge models: calling it builds the
     value here, from the test's own arguments (the program never sees the call); anything else
@@ -1319,13 +1388,13 @@ class ModelClass:
     def __contains__(self, item):
         if self._model.kind == "enum":
             members = self._model.canonical_members()
-            return any(item is m for m in members) or (not isinstance(item, EnumMember)
-                                                     and any(m._value == item for m in members))
+            return any(item is m for m in members) or (not isinstance(item, (EnumMember, _MixinMember))
+                                                     and any(m.value == item for m in members))
         return item in self._remote
 
     def __instancecheck__(self, obj):
         model = self._model
-        if isinstance(obj, EnumMember):
+        if isinstance(obj, (EnumMember, _MixinMember)):
             return model.kind == "enum" and obj._model is model
         if isinstance(obj, Record):  # noqa: F821
             # a record of this class or of a modelled dataclass that derives from it
@@ -1450,7 +1519,7 @@ class Judge:
     def enum_member(self, ex, v, resolve):
         """``{"em": [class, member, handle]}`` from the executor: the judge's member of an enum it
         models (the program's word is only which member it answers), else the object's handle."""
-        if not (isinstance(v, list) and len(v) == 3 and type(v[0]) is str and type(v[1]) is str):
+        if not (isinstance(v, list) and len(v) == 4 and type(v[0]) is str and type(v[1]) is str):
             raise CodecError("malformed enum member")  # noqa: F821
         ref = None
         if v[2] is not None:
@@ -1460,9 +1529,15 @@ class Judge:
         kind, model = self.kinds.get(v[0], (None, None))
         if kind == "model" and model.kind == "enum" and model.canonical(v[1]) is not None:
             member = model.member(v[1])
-            if isinstance(ref, RemoteObject) and (member._handle is None or member._handle._executor is not ref._executor):
+            if isinstance(member, EnumMember) and isinstance(ref, RemoteObject) \
+                    and (member._handle is None or member._handle._executor is not ref._executor):
                 member._adopt(ref)
             return member
+        if v[3] is not None:  # an IntEnum / StrEnum member of a class the judge does not model: its value
+            value = decode_value(v[3])  # noqa: F821
+            if type(value) not in (int, str):
+                raise CodecError("malformed enum member")  # noqa: F821
+            return value
         if ref is None:
             raise CodecError("enum member without a handle")  # noqa: F821
         return ref
