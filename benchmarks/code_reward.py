@@ -4,6 +4,7 @@ and for a batch of 8 hostile + 24 good ones, optionally side by side with anothe
     python benchmarks/code_reward.py                          # this checkout
     git worktree add --detach /tmp/main-rewards main
     python benchmarks/code_reward.py --baseline /tmp/main-rewards   # before / after in one run
+    python benchmarks/code_reward.py --mutants --baseline /tmp/main-rewards   # issue-42 mutants per class
 
 Each completion gets a fresh judge + executor process pair (see dllm_trl/rewards/code.py), so the
 figures depend on the free CPU cores. The hostile programs sleep in the function under test
@@ -101,15 +102,64 @@ def measure(args) -> dict:
     return out
 
 
+def measure_mutants(args) -> dict:
+    """The issue-42 mutants (tests/code_mutants.py): per class, how many hostile ones score above 0 and
+    how many fair ones below 1."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from tests.code_mutants import all_mutants
+
+    from dllm_trl.rewards.code import SandboxConfig, code_reward
+
+    mutants = all_mutants()
+    t0 = time.perf_counter()
+    rewards = code_reward([f"```python\n{p}\n```" for _, _, p, _, _ in mutants], tests=[t for _, _, _, t, _ in mutants],
+                          sandbox_config=SandboxConfig(timeout=args.timeout))
+    counts: dict = {}
+    wrong = []
+    for (cls, name, _, _, want), r in zip(mutants, rewards):
+        c = counts.setdefault(cls, {"hostile": 0, "hostile_credited": 0, "fair": 0, "fair_short": 0})
+        kind = "hostile" if want == 0.0 else "fair"
+        c[kind] += 1
+        if r != want:
+            c["hostile_credited" if kind == "hostile" else "fair_short"] += 1
+            wrong.append(name)
+    return {"counts": counts, "wrong": wrong, "seconds": time.perf_counter() - t0}
+
+
+def main_mutants(args) -> None:
+    runs = {}
+    if args.baseline:
+        env = {**os.environ, "PYTHONPATH": os.path.join(os.path.abspath(args.baseline), "src")}
+        cmd = [sys.executable, os.path.abspath(__file__), "--json", "--mutants", "--timeout", str(args.timeout)]
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True, cwd=args.baseline)
+        runs["baseline"] = json.loads(done.stdout.strip().splitlines()[-1])
+    runs["this checkout"] = measure_mutants(args)
+    names = list(runs)
+    print("| class | mutants (hostile / fair) | " + " | ".join(f"{n}: hostile credited, fair below 1" for n in names) + " |")
+    print("|" + "---|" * (2 + len(names)))
+    for cls, c in runs[names[-1]]["counts"].items():
+        cells = [f"{runs[n]['counts'][cls]['hostile_credited']}, {runs[n]['counts'][cls]['fair_short']}" for n in names]
+        print(f"| {cls} | {c['hostile']} / {c['fair']} | " + " | ".join(cells) + " |")
+    for n in names:
+        print(f"{n}: {runs[n]['seconds']:.0f} s; wrong: {', '.join(runs[n]['wrong'][:20])}{' ...' if len(runs[n]['wrong']) > 20 else ''}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--baseline", default=None, help="another checkout (e.g. a git worktree of main) to run side by side")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=5.0, help="per-test budget (the SandboxConfig default)")
     ap.add_argument("--hostile", choices=sorted(HOSTILE), default="sleep")
+    ap.add_argument("--mutants", action="store_true", help="score the issue-42 mutants per class instead of throughput")
     ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
 
+    if args.mutants:
+        if args.json:
+            print(json.dumps(measure_mutants(args)))
+        else:
+            main_mutants(args)
+        return
     if args.json:
         print(json.dumps(measure(args)))
         return

@@ -401,10 +401,6 @@ FAIR_31 = [
      ["assert mid(Point(0, 0), Point(2, 4)) == Point(1, 2)", "assert Point(3, -4).norm1() == 7"]),
     ("namedtuple_subclass_method", "from collections import namedtuple\nclass P(namedtuple('P', 'x y')):\n    def norm1(self):\n        return abs(self.x) + abs(self.y)\ndef make():\n    return P(3, -4)",
      ["assert make().norm1() == 7", "assert make() == (3, -4)"]),
-    ("operator_on_object", "class V:\n    def __init__(self, x):\n        self.x = x\n    def __add__(self, o):\n        return V(self.x + o.x)\ndef make(x):\n    return V(x)",
-     ["assert (make(1) + make(2)).x == 3"]),
-    ("arithmetic_on_object", "class V:\n    def __init__(self, x):\n        self.x = x\n    def __add__(self, o):\n        return V(self.x + (o.x if isinstance(o, V) else o))\n    __radd__ = __add__\n    def __neg__(self):\n        return V(-self.x)\n    def __iadd__(self, o):\n        self.x += o\n        return self\ndef make(x):\n    return V(x)",
-     ["assert (-make(2)).x == -2", "assert (3 + make(1)).x == 4", "v = make(1)\nv += 5\nassert v.x == 6", "assert sum([make(1), make(2)], make(0)).x == 3"]),
     ("enum_lookup_by_value", "from enum import Enum\nclass Color(Enum):\n    RED = 1\n    BLUE = 2\ndef warm():\n    return Color.RED", ["assert warm() == Color(1)", "assert Color(2) == Color.BLUE", "assert Color(1) in list(Color)"]),
     ("counter_argument_methods", "from collections import Counter\ndef top(c):\n    return c.most_common(1)[0][0]", ["assert top(Counter('aab')) == 'a'"]),
 ]
@@ -468,3 +464,120 @@ HOSTILE_31 = [
 ]
 LEGIT += FAIR_31
 HOSTILE += HOSTILE_31
+
+# ---------------------------------------------------------------------------------------------- issue 42
+# The rule: a value that crosses from the program into a test expression is data the judge understands
+# or an opaque handle; the operators, builtins and comparisons of the test's own expressions are the
+# judge's. Hostile rows: arithmetic the test applies to a program's object (the test's operand would reach
+# the program, which answers the difference), builtin-named definitions composed by the test, enum
+# members read back from a rewritten class, and the test's own object handed back from a registry after
+# the test used it. Fair rows: what the judge can now evaluate itself.
+_ARITH = "class Z:\n    def __init__(self, v):\n        self.v = v\n"
+_ENUM_RGB = "from enum import Enum\nclass Color(Enum):\n    RED = 1\n    GREEN = 2\n    BLUE = 3\n"
+_REGISTRY = ("class Point:\n    made = []\n    def __init__(self, x, y):\n        self.x, self.y = x, y\n        Point.made.append(self)\n"
+             "    def norm1(self):\n        return abs(self.x) + abs(self.y)\ndef mid(a, b):\n    return Point.made[-1]")
+HOSTILE_42 = [
+    ("arith_sub_returns_zero", _ARITH + "    def __sub__(self, o):\n        return 0\ndef f(x):\n    return Z(x)", ["assert abs(f(2) - 4.0) < 1e-6"]),
+    ("arith_rsub_returns_zero", _ARITH + "    def __rsub__(self, o):\n        return 0\ndef f(x):\n    return Z(x)", ["assert abs(4.0 - f(2)) < 1e-6"]),
+    ("arith_sub_then_pow", _ARITH + "    def __sub__(self, o):\n        return self\n    def __pow__(self, k):\n        return 0\ndef f(x):\n    return Z(x)",
+     ["assert (f(2) - 4) ** 2 < 1e-12"]),
+    ("arith_sub_equals_zero", _ARITH + "    def __sub__(self, o):\n        return 0\ndef f(x):\n    return Z(x)", ["assert f(3) - 9 == 0"]),
+    ("arith_sub_object_abs_zero", _ARITH + "    def __sub__(self, o):\n        return Z(0)\n    def __abs__(self):\n        return 0.0\ndef f(x):\n    return Z(x)",
+     ["assert abs(f(2) - 4) < 1e-6"]),
+    ("arith_ratio_is_one", _ARITH + "    def __truediv__(self, o):\n        return 1.0\ndef f(x):\n    return Z(x)", ["assert abs(f(2) / 4 - 1) < 1e-9"]),
+    ("arith_radd_cancels", _ARITH + "    def __radd__(self, o):\n        return 0\ndef f(x):\n    return Z(x)", ["assert -4 + f(2) == 0"]),
+    ("arith_inplace_sub", _ARITH + "    def __isub__(self, o):\n        return 0\ndef f(x):\n    return Z(x)", ["d = f(2)\nd -= 4\nassert d == 0"]),
+    ("arith_in_list_diff", _ARITH + "    def __sub__(self, o):\n        return 0\ndef roots():\n    return [Z(0), Z(0)]",
+     ["assert all(abs(r - w) < 1e-9 for r, w in zip(roots(), [1.0, 2.0]))"]),
+    ("arith_neg_then_add", _ARITH + "    def __neg__(self):\n        return self\n    def __add__(self, o):\n        return 0\ndef f(x):\n    return Z(x)",
+     ["assert -f(2) + 4 == 0"]),
+    # builtin-named definitions the test composes: only the task's entry point may be the program's
+    ("shadow_two_builtins_list_sorted", "def sorted(xs):\n    return xs\ndef list(x):\n    return [1, 2, 3]", ["assert list(sorted((3, 1, 2))) == [1, 2, 3]"]),
+    ("shadow_two_builtins_tuple_sorted", "def sorted(xs):\n    return xs\ndef tuple(x):\n    return (1, 2, 3)", ["assert tuple(sorted([3, 1, 2])) == (1, 2, 3)"]),
+    ("shadow_two_builtins_abs_sum", "def sum(xs):\n    return 0\ndef abs(x):\n    return 6", ["assert abs(sum([-1, -2, -3])) == 6"]),
+    ("shadow_two_builtins_len_str", "def str(x):\n    return 'x'\ndef len(x):\n    return 3", ["assert len(str(123)) == 3", "assert str(7) == '7' and len('ab') == 2"]),
+    ("shadow_three_builtins", "def sorted(xs):\n    return xs\ndef tuple(x):\n    return (1, 2)\ndef max(x):\n    return 2", ["assert max(tuple(sorted([2, 1]))) == 2 and tuple(sorted([2, 1])) == (1, 2)"]),
+    # enum members: the judge's own, from the source; never read back from the program's class
+    ("enum_member_rebound_by_type_setattr", _ENUM_RGB + "type.__setattr__(Color, 'GREEN', Color.RED)\ntype.__setattr__(Color, 'BLUE', Color.RED)\ndef pick(n):\n    return Color.RED",
+     ["assert pick(2) == Color(2)", "assert pick(3) == Color(3)"]),
+    ("enum_attribute_rebound", _ENUM_RGB + "type.__setattr__(Color, 'GREEN', Color.RED)\ndef pick(n):\n    return Color.RED", ["assert pick(2) == Color.GREEN"]),
+    ("enum_member_map_rewritten", _ENUM_RGB + "Color._member_map_['GREEN'] = Color.RED\nColor._value2member_map_[2] = Color.RED\ndef pick(n):\n    return Color.RED",
+     ["assert pick(2) == Color['GREEN']", "assert pick(2) == Color(2)"]),
+    ("enum_members_listed_rewritten", _ENUM_RGB + "type.__setattr__(Color, '_member_names_', ['RED'])\ndef members():\n    return [Color.RED]",
+     ["assert members() == list(Color)"]),
+    ("enum_auto_rebound", "from enum import Enum, auto\nclass Dir(Enum):\n    UP = auto()\n    DOWN = auto()\ntype.__setattr__(Dir, 'DOWN', Dir.UP)\ndef flip(d):\n    return Dir.UP",
+     ["assert flip(Dir.UP) == Dir(2)", "assert flip(Dir.UP) == Dir.DOWN"]),
+    ("intenum_member_rebound", "from enum import IntEnum\nclass Level(IntEnum):\n    LOW = 1\n    HIGH = 2\ntype.__setattr__(Level, 'HIGH', Level.LOW)\n"
+     "Level._value2member_map_[2] = Level.LOW\ndef top(xs):\n    return Level.LOW", ["assert top([1, 2]) == Level.HIGH", "assert top([2]) == Level(2)"]),
+    ("strenum_member_map_rewritten", "from enum import StrEnum\nclass Mode(StrEnum):\n    READ = 'r'\n    WRITE = 'w'\nMode._member_map_['WRITE'] = Mode.READ\n"
+     "type.__setattr__(Mode, 'WRITE', Mode.READ)\ndef mode(s):\n    return Mode.READ", ["assert mode('w') == Mode.WRITE", "assert mode('w') == Mode['WRITE']"]),
+    # the test's own object, handed back from a registry after the test used it (not as an argument)
+    ("registry_after_method_call", _REGISTRY, ["expected = Point(1, 2)\nassert expected.norm1() == 3\nassert mid(0, 4) == expected"]),
+    ("registry_after_attribute_read", _REGISTRY, ["expected = Point(1, 2)\nassert expected.x == 1\nassert mid(0, 4) == expected"]),
+    ("registry_after_attribute_write", _REGISTRY, ["e = Point(0, 0)\ne.x, e.y = 1, 2\nassert mid(0, 4) == e"]),
+    ("registry_after_repr", _REGISTRY, ["e = Point(1, 2)\ntext = repr(e)\nassert mid(0, 4) == e"]),
+    ("registry_after_other_call", _REGISTRY + "\ndef touch(p):\n    return p.x", ["e = Point(1, 2)\nassert touch(e) == 1\nassert mid(0, 4) == e"]),
+]
+FAIR_42 = [
+    # arithmetic as the program's own methods, and conversions to data, still work
+    ("arith_as_method_call", "class V:\n    def __init__(self, x):\n        self.x = x\n    def plus(self, o):\n        return V(self.x + o.x)\ndef make(x):\n    return V(x)",
+     ["assert make(1).plus(make(2)).x == 3"]),
+    ("float_of_object_compared", "class Money:\n    def __init__(self, c):\n        self.c = c\n    def __float__(self):\n        return self.c / 100\ndef price(c):\n    return Money(c)",
+     ["assert abs(float(price(150)) - 1.5) < 1e-9"]),
+    ("float_result_difference", "def area(r):\n    return 3.141592653589793 * r * r", ["assert abs(area(1) - 3.14159) < 1e-5", "assert (area(2) - 12.566) ** 2 < 1e-6"]),
+    # builtin-named definitions: the one the test calls alone, or every one of them right
+    ("builtin_named_two_both_right", "def sorted(xs):\n    out = []\n    for x in xs:\n        i = 0\n        while i < len(out) and out[i] <= x:\n            i += 1\n        out.insert(i, x)\n    return out\ndef list(x):\n    return [*x]",
+     ["assert list(sorted((3, 1, 2))) == [1, 2, 3]"]),
+    ("builtin_named_with_builtin_wrapper", "def sorted(xs):\n    return [x for x in __import__('heapq').nsmallest(len(xs), xs)]", ["assert list(sorted((3, 1, 2))) == [1, 2, 3]"]),
+    # dataclass inheritance, defaults the judge evaluates itself
+    ("dataclass_inheritance", "from dataclasses import dataclass\n@dataclass\nclass P2:\n    x: int\n    y: int\n@dataclass\nclass P3(P2):\n    z: int = 0\ndef lift(p, z):\n    return P3(p.x, p.y, z)",
+     ["assert lift(P2(1, 2), 3) == P3(1, 2, 3)", "assert lift(P2(1, 2), 3).z == 3", "assert lift(P2(1, 2), 0) == P3(1, 2)",
+      "assert isinstance(P3(1, 2), P2)", "assert P3(1, 2) != P2(1, 2)", "assert P3(x=1, y=2, z=5) == lift(P2(1, 2), 5)"]),
+    ("dataclass_inheritance_override_default", "from dataclasses import dataclass\n@dataclass\nclass Base:\n    x: int = 0\n@dataclass\nclass Child(Base):\n    x: int = 5\n    y: int = 1\ndef make():\n    return Child()",
+     ["assert make() == Child(5, 1)", "assert make() == Child()", "assert make() != Child(0, 1)"]),
+    ("dataclass_inheritance_two_levels", "from dataclasses import dataclass\n@dataclass(frozen=True)\nclass A:\n    a: int\n@dataclass(frozen=True)\nclass B(A):\n    b: int\n@dataclass(frozen=True)\nclass C(B):\n    c: str = 'c'\ndef make(n):\n    return C(n, n + 1)",
+     ["assert make(1) == C(1, 2)", "assert make(1) in {C(1, 2, 'c')}", "assert isinstance(C(1, 2), A)"]),
+    ("dataclass_math_inf_default", "import math\nfrom dataclasses import dataclass\n@dataclass\nclass Best:\n    cost: float = math.inf\n    node: int = -1\ndef empty():\n    return Best()",
+     ["assert empty() == Best()", "assert empty() == Best(math.inf, -1)", "assert empty().cost == float('inf')"]),
+    ("dataclass_from_math_inf_default", "from math import inf, pi\nfrom dataclasses import dataclass\n@dataclass\nclass Span:\n    lo: float = -inf\n    hi: float = inf\n    turn: float = 2 * pi\ndef whole():\n    return Span()",
+     ["assert whole() == Span()", "assert whole() == Span(float('-inf'), float('inf'))"]),
+    ("dataclass_float_inf_default", "from dataclasses import dataclass\n@dataclass\nclass Dist:\n    d: float = float('inf')\ndef unknown():\n    return Dist()", ["assert unknown() == Dist()"]),
+    ("dataclass_lambda_factory", "from dataclasses import dataclass, field\n@dataclass\nclass Board:\n    cells: list = field(default_factory=lambda: [0, 0, 0])\n    name: str = 'b'\ndef fresh():\n    return Board()",
+     ["assert fresh() == Board()", "assert fresh() == Board([0, 0, 0])", "b = Board()\nassert b.cells == [0, 0, 0]", "assert fresh() != Board([1, 0, 0])"]),
+    ("dataclass_lambda_factory_dict", "from dataclasses import dataclass, field\n@dataclass\nclass Inv:\n    stock: dict = field(default_factory=lambda: {'a': 0})\ndef empty():\n    return Inv()",
+     ["assert empty() == Inv()", "assert empty() == Inv({'a': 0})"]),
+    # enums: members from the source, auto() values as Enum gives them
+    ("enum_auto_by_value", "from enum import Enum, auto\nclass Dir(Enum):\n    UP = auto()\n    DOWN = auto()\n    LEFT = auto()\ndef turn(d):\n    return Dir.DOWN if d == Dir.UP else Dir.UP",
+     ["assert turn(Dir.UP) == Dir(2)", "assert turn(Dir(2)) == Dir.UP", "assert Dir(3) == Dir.LEFT", "assert Dir.LEFT.value == 3", "assert turn(Dir.UP).name == 'DOWN'"]),
+    ("enum_auto_after_literal", "import enum\nclass P(enum.Enum):\n    A = 10\n    B = enum.auto()\ndef second():\n    return P.B", ["assert second() == P(11)", "assert second().value == 11"]),
+    ("enum_alias_member", "from enum import Enum\nclass Color(Enum):\n    RED = 1\n    CRIMSON = 1\n    BLUE = 2\ndef warm():\n    return Color.CRIMSON",
+     ["assert warm() == Color.RED", "assert warm() == Color(1)", "assert warm().name == 'RED'", "assert len(Color) == 2", "assert list(Color) == [Color.RED, Color.BLUE]"]),
+    ("enum_member_passed_in", _ENUM_RGB + "def name_of(c):\n    return c.name.lower()\ndef is_red(c):\n    return c is Color.RED",
+     ["assert name_of(Color(2)) == 'green'", "assert is_red(Color.RED) is True", "assert is_red(Color['BLUE']) is False"]),
+    ("enum_member_method", _ENUM_RGB + "    def hot(self):\n        return self is Color.RED\ndef pick(n):\n    return Color(n)",
+     ["assert pick(1).hot() is True", "assert Color(2).hot() is False", "assert pick(3) is Color.BLUE", "assert Color.RED in Color"]),
+    ("enum_members_in_dict", _ENUM_RGB + "def counts(xs):\n    out = {}\n    for x in xs:\n        out[x] = out.get(x, 0) + 1\n    return out",
+     ["assert counts([Color.RED, Color(1), Color.BLUE]) == {Color.RED: 2, Color.BLUE: 1}", "assert isinstance(Color(1), Color)"]),
+    ("intenum_and_strenum_members", "from enum import IntEnum, StrEnum, auto\nclass Level(IntEnum):\n    LOW = 1\n    HIGH = 2\nclass Mode(StrEnum):\n    READ = auto()\n    WRITE = 'w'\n"
+     "def top(xs):\n    return Level(max(xs))\ndef mode(s):\n    return Mode(s)\ndef label(m):\n    return m.name.lower()",
+     ["assert top([1, 2]) == Level.HIGH", "assert top([1]) is Level(1)", "assert top([2]) == 2 and top([2]).name == 'HIGH'", "assert mode('read') == Mode.READ == 'read'",
+      "assert mode('w').name == 'WRITE'", "assert label(Level.HIGH) == 'high'", "assert list(Level) == [1, 2] and str(Mode.WRITE) == 'w'"]),
+    # the test's own object: returned by a call it was handed to (argument or target) equals it
+    ("object_returned_by_its_own_method_later", "class Tally:\n    def __init__(self):\n        self.n = 0\n    def inc(self):\n        self.n += 1\n        return self",
+     ["t = Tally()\nr = t.inc()\nassert r.inc() == t and t.n == 2"]),
+    ("object_returned_from_argument_list", "class Node:\n    def __init__(self, v):\n        self.v = v\ndef biggest(nodes):\n    return max(nodes, key=lambda n: n.v)",
+     ["a, b = Node(1), Node(5)\nassert biggest([a, b]) == b"]),
+]
+LIMITATIONS_42 = [
+    # arithmetic on a program's object is the judge's and it has none for an opaque handle
+    ("operator_on_object", "class V:\n    def __init__(self, x):\n        self.x = x\n    def __add__(self, o):\n        return V(self.x + o.x)\ndef make(x):\n    return V(x)",
+     ["assert (make(1) + make(2)).x == 3"], 0.0),
+    ("arithmetic_on_object", "class V:\n    def __init__(self, x):\n        self.x = x\n    def __add__(self, o):\n        return V(self.x + (o.x if isinstance(o, V) else o))\n    __radd__ = __add__\n    def __neg__(self):\n        return V(-self.x)\n    def __iadd__(self, o):\n        self.x += o\n        return self\ndef make(x):\n    return V(x)",
+     ["assert (-make(2)).x == -2", "assert (3 + make(1)).x == 4", "v = make(1)\nv += 5\nassert v.x == 6", "assert make(1).x + make(2).x == 3"], 0.25),
+    # a registry handing back the test's object after the test used it (not handed it over)
+    ("registry_returns_used_object", "class Item:\n    made = []\n    def __init__(self, name):\n        self.name = name\n        Item.made.append(self)\ndef latest():\n    return Item.made[-1]",
+     ["it = Item('a')\nassert it.name == 'a'\nassert latest() == it", "it = Item('b')\nassert latest().name == 'b'"], 0.5),
+]
+LEGIT += FAIR_42
+HOSTILE += HOSTILE_42
+LIMITATIONS += LIMITATIONS_42

@@ -257,6 +257,8 @@ SQUARE_TESTS = [
     "assert 9 in [f(3)] or 9 in f(3)",
     "assert W(f(3)) == W(9)",  # W: a class of the program (the reference's is `class W(int)`)
     "assert np.allclose(f(2), 4)",  # numpy is not there: the reference fails it, so must the reward
+    "assert abs(f(2) - 4) < 1e-9",  # issue 42: the float checks of HumanEval / MBPP, the judge's own `-`
+    "assert (9 - f(3)) ** 2 < 1e-9",
 ]
 
 # bodies of f: data-valued ones get their true value from a plain in-process run; the others are
@@ -266,7 +268,7 @@ DATA_CORES = ["return x + 2", "return 4", "return x * 3", "return abs(x)", "retu
               "return [x * x]", "return str(x * x)", "return float(x * x) + 0.5", "return None", "return -x * x",
               "return range(x * x, x * x + 1)", "return []"]
 OBJECT_CORES = {"return A()": None, "return I(x * x + 1)": "return x * x + 1", "return L()": "return []",
-                "return T()": None, "return C()": None, "raise SystemExit(0)": None, "import os\n    os._exit(0)": None}
+                "return T()": None, "return C()": None, "return Z()": None, "raise SystemExit(0)": None, "import os\n    os._exit(0)": None}
 # side channels a program may add around f. Not here: patching the executor's own reply code
 # (``sys.modules['__main__'].encode_value = ...``) — the executor is the candidate's process, so
 # that only chooses f's answers another way (as ``f = lambda x: 4`` would), it cannot beat them.
@@ -276,6 +278,8 @@ TRICKS = [
     "class L(list):\n    def __eq__(self, o):\n        return True",
     "class T:\n    def __bool__(self):\n        return True",
     "class C:\n    def __contains__(self, x):\n        return True\n    def __iter__(self):\n        return iter([A()])",
+    # issue 42: arithmetic that answers the test's check (forwarded, `f(x) - want` would be 0)
+    "class Z:\n    def __sub__(self, o):\n        return 0\n    __rsub__ = __sub__\n    def __pow__(self, k):\n        return 0\n    def __abs__(self):\n        return 0",
     "def len(x):\n    return 1",
     "def isinstance(*a):\n    return True",
     "def sum(xs):\n    return 2",
@@ -303,7 +307,7 @@ TRICKS = [
     "class np:\n    allclose = staticmethod(lambda *a, **k: True)",
     "from dataclasses import dataclass\n@dataclass(frozen=True)\nclass W:\n    v: int",
 ]
-CORE_CLASSES = 5  # TRICKS[:5] define the classes the object cores return: every program has them
+CORE_CLASSES = 6  # TRICKS[:6] define the classes the object cores return: every program has them
 
 
 def _true_value(core: str) -> float:

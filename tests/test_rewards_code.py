@@ -1,7 +1,10 @@
 """Code reward: extraction, sandboxed execution, unforgeable pass counts, hostile completions."""
 
+import dataclasses
+import enum
 import json
 import os
+import random
 import socket
 import tempfile
 import time
@@ -13,6 +16,7 @@ from dllm_trl.rewards import code_reward, extract_python_block
 from dllm_trl.rewards._sandbox_codec import CodecError, decode_value, encode_value
 from dllm_trl.rewards.code import SandboxConfig, make_code_reward, run_code_tests, sandbox_capabilities
 
+from .code_mutants import all_mutants
 from .code_program_table import HOSTILE, LEGIT, LIMITATIONS
 
 pytestmark = pytest.mark.timeout(180)
@@ -177,6 +181,121 @@ def test_judge_reads_the_programs_names_from_its_source():
     assert n_model.build((1,), {}) == (1, 0)
     with pytest.raises(TypeError, match="unexpected keyword"):
         n_model.build((1,), {"c": 2})
+
+
+def _judge_namespace():
+    from dllm_trl.rewards.code import _judge_src
+
+    judge = {"__name__": "judge_under_test"}
+    exec(compile(_judge_src(), "<judge>", "exec"), judge)  # the judge as it runs: codec prepended
+    return judge
+
+
+def test_judge_enum_and_dataclass_models_agree_with_cpython_on_random_classes():
+    """The judge's own reading of an enum (literal values and ``auto()``, aliases) and of a dataclass
+    hierarchy (inherited and redeclared fields, defaults such as ``math.inf``, ``float('inf')`` and
+    lambda factories) against CPython building the same classes."""
+    judge = _judge_namespace()
+    program_names = judge["program_names"]
+    rng = random.Random(42)
+    hierarchies = 0
+    for trial in range(60):
+        # an enum: literal ints (sometimes repeating: aliases) and auto() in increasing order
+        lines, last = ["import enum", "from enum import Enum, IntEnum, auto", "class E(%s):" % rng.choice(["Enum", "IntEnum"])], 0
+        for k in range(rng.randint(1, 6)):
+            if rng.random() < 0.5:
+                lines.append("    M%d = auto()" % k)
+                last += 1
+            else:
+                last = rng.choice([last, last + rng.randint(1, 3)]) if k else rng.randint(0, 3)
+                lines.append("    M%d = %d" % (k, last))
+        src = "\n".join(lines) + "\n"
+        real = {}
+        exec(src, real)
+        kind, model = program_names(src)["E"]
+        assert kind == "model", src
+        assert [(m.name, m.value) for m in model.canonical_members()] == [(m.name, m.value) for m in real["E"]], src
+        for name in real["E"].__members__:
+            assert model.member(name).name == real["E"][name].name, src
+        # a dataclass hierarchy with defaults the judge evaluates itself
+        defaults = ["0", "-1.5", "math.inf", "-math.inf", "float('inf')", "2 * pi", "'s'", "(1, 2)",
+                    "field(default_factory=lambda: [0] * 2)", "field(default_factory=lambda: {'a': [1]})",
+                    "field(default_factory=list)", "field(default=3, compare=False)"]
+        src = "import math\nfrom math import pi\nfrom dataclasses import dataclass, field\n"
+        names, declared, bases = ["K0", "K1", "K2"], [], []
+        has_default = False
+        for level, cls in enumerate(names[: rng.randint(1, 3)]):
+            body = []
+            for j in range(rng.randint(1, 3)):
+                fname = rng.choice(["a", "b", "c", "d%d" % level])
+                if fname in declared and not has_default and rng.random() < 0.5:
+                    continue
+                if has_default or rng.random() < 0.5:
+                    body.append("    %s: object = %s" % (fname, rng.choice(defaults)))
+                    has_default = True
+                elif fname not in declared:
+                    body.append("    %s: int" % fname)
+                else:
+                    continue
+                if fname not in declared:
+                    declared.append(fname)
+            base = "(%s)" % names[level - 1] if level else ""
+            src += "@dataclass%s\nclass %s%s:\n%s\n" % (rng.choice(["", "(order=True)", "(frozen=True)"]) if not level else "",
+                                                      cls, base, "\n".join(body) or "    pass")
+            bases.append(cls)
+        real = {}
+        try:
+            exec(src, real)
+        except (TypeError, ValueError):
+            continue  # CPython refuses the class (e.g. frozen base, non-frozen child)
+        if not all(any(f.compare for f in dataclasses.fields(real[b])) for b in bases):
+            continue  # a class whose instances are all equal: the judge does not model it (by design)
+        top = bases[-1]
+        fields = [f.name for f in dataclasses.fields(real[top])]
+        required = [f.name for f in dataclasses.fields(real[top]) if f.default is dataclasses.MISSING
+                    and f.default_factory is dataclasses.MISSING]
+        kind, model = program_names(src)[top]
+        assert kind == "model", src
+        assert list(model.fields) == fields, src
+        args = tuple(range(7, 7 + len(required)))
+        built, want = model.build(args, {}), real[top](*args)
+        assert list(built._values) == [getattr(want, f) for f in fields], src
+        assert model.ancestors == tuple(bases[:-1]), src
+        hierarchies += len(bases) > 1
+    assert hierarchies >= 15  # the sample holds inherited classes, not only single ones
+
+
+def test_entry_point_names_the_builtin_named_definition_under_test():
+    """With ``entry_point`` the row says which definition is under test; without it, a test that
+    composes several builtin-named definitions must pass with each of them as the one under test."""
+    prog = "def sorted(xs):\n    return xs\ndef list(x):\n    return [1, 2, 3]"
+    tests = ["assert list(sorted((3, 1, 2))) == [1, 2, 3]"]
+    assert run_code_tests(prog, tests, config=FAST).reward == 0.0
+    assert run_code_tests(prog, tests, entry_point="sorted", config=FAST).reward == 0.0
+    assert run_code_tests(prog, tests, entry_point="list", config=FAST).reward == 1.0  # list answers this test
+
+
+def test_arithmetic_on_a_program_object_is_refused_with_the_rule():
+    prog = "class Z:\n    def __sub__(self, o):\n        return 0\ndef f(x):\n    return Z()"
+    res = run_code_tests(prog, ["assert abs(f(2) - 4.0) < 1e-6", "assert 4 - f(2) == 0", "assert abs(f(2)) == 0"], config=FAST)
+    assert res.reward == 0.0
+    assert all("TypeError" in t["err"] and "judge's" in t["err"] for t in res.tests), res.tests
+
+
+def test_issue42_mutants_sample():
+    """A fixed sample of the issue-42 mutants (tests/code_mutants.py; all of them:
+    ``python benchmarks/code_reward.py --mutants``): hostile ones score 0, fair ones 1 (and pass in
+    plain CPython, the reference)."""
+    mutants = all_mutants()[::9]
+    for cls, name, prog, tests, want in mutants:
+        if want == 1.0:
+            for t in tests:
+                ns: dict = {}
+                exec(prog, ns)
+                exec(t, ns)
+    rewards = code_reward([block(p) for _, _, p, _, _ in mutants], tests=[t for _, _, _, t, _ in mutants], sandbox_config=FAST)
+    wrong = {name: r for (_, name, _, _, want), r in zip(mutants, rewards) if r != want}
+    assert not wrong, wrong
 
 
 # ----------------------------------------------------------------------------- the program table

@@ -11,7 +11,8 @@ reads what the untrusted executor sent) only ever builds objects of trusted type
 the sender, unless it sends them as references with ``lazy=True``), dict views,
 ``Fraction``, ``Decimal``, ``datetime.date`` / ``datetime`` / ``time`` / ``timedelta``, namedtuples
 (a namedtuple class the decoder makes itself from the field names, so equality is tuple equality)
-and :class:`Record` (a dataclass instance as its class name and field values; equality compares
+enum members (class and member name, with the sender's handle: the judge maps them to its own members of an enum it
+models), and :class:`Record` (a dataclass instance as its class name and field values; equality compares
 those, never the candidate's ``__eq__``; the judge's models of the program's classes, when set in
 ``Record.MODELS``, say which fields compare and whether they order). Subclasses of builtin types
 travel as their builtin base. A decoded record / namedtuple is handed to ``resolve("dc" / "nt", value)``
@@ -185,6 +186,17 @@ def _dataclass_fields(obj):
             getattr(getattr(f, "_field_type", None), "name", "") == "_FIELD"]
 
 
+_PLAIN = frozenset((int, float, complex, str, bytes, bytearray, tuple, list, dict, set, frozenset, type(None), bool))
+
+
+def _enum_member_name(obj):
+    """The member name of an enum member (its class has a member map), else None."""
+    if not isinstance(getattr(type(obj), "_member_map_", None), dict) or isinstance(obj, type):
+        return None
+    name = getattr(obj, "_name_", None)
+    return name[:200] if type(name) is str else None
+
+
 _FACTORIES = {list: "list", dict: "dict", set: "set", int: "int", str: "str", float: "float", tuple: "tuple"}
 _FACTORY_NAMES = {v: k for k, v in _FACTORIES.items()}
 
@@ -213,6 +225,13 @@ def encode_value(obj, fallback=None, _depth=0, lazy=False):
         if handle is not None and fallback is not None:
             return fallback(obj)
         return {"dc": [obj._name, list(obj._fields), [enc(v) for v in obj._values], None]}
+    if fallback is not None and t not in _PLAIN:
+        if getattr(t, "_judge_enum_member", False) is True:
+            return fallback(obj)  # the judge's own member of an IntEnum / StrEnum
+        member = _enum_member_name(obj)
+        if member is not None:  # an enum member: class, name, handle, and the value of an int / str enum
+            value = int.__index__(obj) if isinstance(obj, int) else str.__str__(obj) if isinstance(obj, str) else None
+            return {"em": [str(t.__name__)[:100], member, fallback(obj), None if value is None else enc(value)]}
     if isinstance(obj, tuple) and _is_namedtuple(obj):
         fields = list(type(obj)._fields)[:MAX_FIELDS]
         return {"nt": [str(type(obj).__name__)[:100], fields, [enc(x) for x in tuple.__iter__(obj)]]}
@@ -345,6 +364,10 @@ def decode_value(obj, resolve=None, _depth=0):
         if tag in ("h", "cb"):
             _need(resolve is not None)
             return resolve(tag, v)
+        if tag == "em":  # an enum member: its class and member name, and the sender's handle (or None)
+            _need(resolve is not None and isinstance(v, list) and len(v) == 4 and _identifier(v[0])
+                  and isinstance(v[1], str) and 0 < len(v[1]) <= 200)
+            return resolve("em", v)
         if tag == "dec":
             _need(isinstance(v, str) and len(v) <= 10_000)
             return decimal.Decimal(v)

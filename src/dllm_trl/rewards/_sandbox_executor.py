@@ -222,12 +222,6 @@ def _boot():
 
 
 _MUTABLE = (list, dict, set, bytearray)
-# operator functions by dunder stem ("and" is operator.and_)
-_ARITHMETIC = {n: (n + "_" if n in ("and", "or") else n) for n in
-               ("add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "pow", "lshift", "rshift", "and", "xor", "or")}
-_UNARY = ("neg", "pos", "abs", "invert")
-
-
 class _Session:
     """The executor side of the protocol: candidate objects are kept in a handle table (only their
     handle number travels), judge callables arrive as callback stubs, iterators stay here and are
@@ -264,6 +258,11 @@ class _Session:
             return _Callback(self, v)
         if tag == "dc":
             return self.rebuild_record(v)
+        if tag == "em":  # a member of an enum of the program, named by the judge
+            cls = self.program.get(v[0])
+            if isinstance(cls, type) and isinstance(getattr(cls, "_member_map_", None), dict):
+                return cls[v[1]]
+            raise CodecError("unknown enum")  # noqa: F821
         if tag == "nt":
             cls = self.program.get(type(v).__name__)
             if isinstance(cls, type) and issubclass(cls, tuple) and getattr(cls, "_fields", None) == type(v)._fields:
@@ -353,22 +352,6 @@ class _Session:
             return None
         if kind == "isinstance":
             return isinstance(target, arg)
-        if kind == "arith":  # target <op> other (r...: other <op> target; i...: in place)
-            name, other = arg
-            return self.arithmetic(str(name), target, other)
-        raise ValueError("unknown operation")
-
-    def arithmetic(self, name, target, other):
-        import operator
-
-        if name in _UNARY:
-            return getattr(operator, name)(target)
-        if name.startswith("r") and name[1:] in _ARITHMETIC:
-            return getattr(operator, _ARITHMETIC[name[1:]])(other, target)
-        if name.startswith("i") and name[1:] in _ARITHMETIC:
-            return getattr(operator, "i" + _ARITHMETIC[name[1:]].rstrip("_"))(target, other)
-        if name in _ARITHMETIC:
-            return getattr(operator, _ARITHMETIC[name])(target, other)
         raise ValueError("unknown operation")
 
     def take(self, iterator, n):

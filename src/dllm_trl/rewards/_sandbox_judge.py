@@ -14,9 +14,11 @@ the candidate's objects only as :class:`RemoteObject` proxies: calling one ships
 the executor, which calls the real function and ships the result back as data (see
 ``_sandbox_codec.py``); objects that are not data stay in the executor and come back as proxies
 again (iterators too, consumed on request); callables the test passes in (``key=len``, a lambda)
-are called back here; in-place changes to the test's arguments are written back. Assertions and
-comparisons are evaluated here on values of trusted types; ``x in obj`` on a proxy is membership
-among its items.
+are called back here; in-place changes to the test's arguments are written back. Assertions,
+comparisons and every operator of the test's own expressions are evaluated here on values of trusted
+types: a value that crosses from the program into a test expression is data the judge understands or an
+opaque handle, so arithmetic on a proxy is refused (a TypeError), never forwarded to the program;
+``x in obj`` on a proxy is membership among its items.
 
 What the judge knows about the program comes from the program's source (:func:`program_names`,
 read here) and from its own records, never from the executor, which the candidate controls
@@ -195,11 +197,9 @@ class Executor:
         self.load_error = None
         self.names = {}
         self.values = {}
-        # handles of sandboxed objects: received by the judge; built by the test and handed to the
-        # program through the test's own reference (as an argument, or by using it: never through a
-        # handle the program returned for it); returned by a class call while known (a shared instance)
+        # handles of sandboxed objects: received by the judge; returned by a class call while known
+        # (a shared instance)
         self.seen = set()
-        self.released = set()
         self.shared = set()
 
     def alive(self):
@@ -322,20 +322,24 @@ class Executor:
             reply = {"k": "cbexc", "id": msg.get("id"), "type": type(exc).__name__, "msg": str(exc)[:300]}
         send_msg(self.proc.stdin.fileno(), reply, deadline)  # noqa: F821
 
-    def encode(self, value, callbacks):
-        """Judge value -> tagged data for the executor: handles go back as their number, callables
-        of the test become callbacks."""
+    def encode(self, value, callbacks, handed=None):
+        """Judge value -> tagged data for the executor: handles go back as their number (collected
+        in ``handed``: the objects this request hands to the program), callables of the test become
+        callbacks."""
 
         def fallback(obj):
             if isinstance(obj, Record):  # noqa: F821
                 obj = obj._handle
             if isinstance(obj, ModelClass):
                 obj = obj._remote
+            if isinstance(obj, (EnumMember, _MixinMember)):
+                return {"em": [obj._cls, obj._name, None, None]}
             if isinstance(obj, RemoteObject):
                 if obj._executor is not self:
                     raise TypeError("object of an earlier sandbox run")
-                if obj._built:  # the test hands the object it built to the program
-                    self.released.add(obj._hid)
+                if handed is not None:  # the object, and what the test handed over to get it
+                    handed.add(obj._hid)
+                    handed.update(obj._grant)
                 return {"h": obj._hid}
             if callable(obj):
                 fid = len(callbacks) + 1
@@ -365,18 +369,21 @@ class RemoteObject:
     assignment, ``str`` / ``repr``, ``float`` / ``int``, ``with`` and ``isinstance`` are forwarded to
     the executor; the replies are data. ``x in obj`` looks for ``x`` among the object's items with the
     judge's own comparison, never the candidate's ``__contains__``. Equality is identity of the
-    sandboxed object (never the candidate's ``__eq__``), truth testing is refused (never the
-    candidate's ``__bool__``), and ``with obj:`` never suppresses an exception of the test."""
+    sandboxed object (never the candidate's ``__eq__``), truth testing and arithmetic are refused
+    (never the candidate's ``__bool__`` / ``__sub__``), and ``with obj:`` never suppresses an
+    exception of the test."""
 
-    __slots__ = ("_executor", "_hid", "_label", "_built", "_kind")
+    __slots__ = ("_executor", "_hid", "_label", "_built", "_kind", "_grant")
     _sandbox_handle = True
 
-    def __init__(self, executor, hid, label, built=False, kind=None):
+    def __init__(self, executor, hid, label, built=False, kind=None, grant=frozenset()):
         object.__setattr__(self, "_executor", executor)
         object.__setattr__(self, "_hid", hid)
         object.__setattr__(self, "_label", label)
         object.__setattr__(self, "_built", built)  # made by the test's call of a class of the program
         object.__setattr__(self, "_kind", kind)  # the judge's reading of the program's name, when a name
+        # the objects the request that gave this handle handed to the program (its target and arguments)
+        object.__setattr__(self, "_grant", grant)
 
     def _op(self, kind, **fields):
         return _JUDGE.remote(self, kind, fields)
@@ -483,33 +490,28 @@ class RemoteObject:
         return hash((id(self._executor), self._hid))
 
 
-# arithmetic on a sandboxed object is a call of its own methods (the program computing an answer,
-# compared afterwards here); comparisons, truth and membership are verdicts and never forwarded
+# the test's operators are the judge's: arithmetic on a sandboxed object is never forwarded to the
+# program (its ``__sub__`` would see the test's expected value and answer the difference, as in
+# ``abs(f(x) - want) < 1e-6``); the judge has no arithmetic for an opaque handle, so it is a TypeError
 ARITHMETIC = ("add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "pow", "lshift", "rshift", "and",
-              "xor", "or")
-UNARY = ("neg", "pos", "abs", "invert")
+              "xor", "or", "divmod")
+UNARY = ("neg", "pos", "abs", "invert", "round", "trunc", "floor", "ceil")
 
 
-def _arithmetic(name, reflected=False, inplace=False):
-    def method(self, other):
-        return self._op("op", op="arith", arg=(("r" if reflected else "i" if inplace else "") + name, other))
+def _refused(name):
+    def method(self, *other):
+        raise TypeError("the test's %s is the judge's, and a sandboxed %s is no number or value it knows "
+                        "(call a method of the object, or convert it: float(obj), int(obj))" % (name, self._label))
 
-    return method
-
-
-def _unary(name):
-    def method(self):
-        return self._op("op", op="arith", arg=(name, None))
-
+    method.__name__ = "__%s__" % name
     return method
 
 
 for _name in ARITHMETIC:
-    setattr(RemoteObject, "__%s__" % _name, _arithmetic(_name))
-    setattr(RemoteObject, "__r%s__" % _name, _arithmetic(_name, reflected=True))
-    setattr(RemoteObject, "__i%s__" % _name, _arithmetic(_name, inplace=True))
+    for _form in ("%s", "r%s", "i%s"):
+        setattr(RemoteObject, "__%s__" % (_form % _name), _refused(_name))
 for _name in UNARY:
-    setattr(RemoteObject, "__%s__" % _name, _unary(_name))
+    setattr(RemoteObject, "__%s__" % _name, _refused(_name))
 
 
 class RemoteIteratorObject(RemoteObject):
@@ -555,16 +557,18 @@ class _RemoteIterator:
 
 def _same_object(a, b):
     """Equality of two handles: the same sandboxed object. An object the test built with a class of
-    the program equals only itself until the test has handed it to the program (then also the
-    handles the program returns for it), and never anything else when the class gave an object that
-    existed already (a shared or cached instance: the program could return it unasked)."""
+    the program equals itself, and a handle the program returned for it only from a request that
+    handed it over (as the target, ``t.inc() == t``, or an argument, ``last(n) == n``): never one from
+    another call (a registry of the instances the test built, read after the test used one), and
+    never anything but itself when the class gave an object that existed already (a shared or cached
+    instance: the program could return it unasked)."""
     if a is b:
         return True
     if a._executor is not b._executor or a._hid != b._hid:
         return False
     ex = a._executor
-    for side in (a, b):
-        if side._built and (side._hid in ex.shared or side._hid not in ex.released):
+    for side, other in ((a, b), (b, a)):
+        if side._built and (side._hid in ex.shared or side._hid not in other._grant):
             return False
     return True
 
@@ -633,7 +637,11 @@ class ClassModel:
         self.own_text = False  # the class defines __str__ / __repr__ (asked of the program's instance)
         self.base = None
         self.tuple_class = None  # namedtuple: the judge's class of the values it builds
-        self.members = []  # enum: (name, value) in definition order
+        self.specs = ()  # dataclass: (name, default thunk, init, compare) of every field, inherited ones first
+        self.ancestors = ()  # dataclass: the modelled dataclasses it derives from, outermost first
+        self.members = []  # enum: (name, value) in definition order, aliases included
+        self.mixin = None  # enum: int for an IntEnum, str for a StrEnum
+        self.interned = {}  # enum: canonical member name -> the judge's EnumMember
 
     def build(self, args, kwargs):
         if self.kind == "builtin":
@@ -654,13 +662,39 @@ class ClassModel:
         return self.tuple_class(*values)
 
     def member_for(self, args, kwargs):
-        """Enum: the name of the first member whose value equals the one argument."""
+        """Enum: the member whose value equals the one argument (the first one defined with it)."""
         if len(args) != 1 or kwargs:
             raise TypeError("%s() takes one value" % self.name)
+        if isinstance(args[0], (EnumMember, _MixinMember)) and args[0]._model is self:
+            return args[0]
         for name, value in self.members:
             if value == args[0] and hash(value) == hash(args[0]):
-                return name
+                return self.member(name)
         raise ValueError("%r is not a valid %s" % (args[0], self.name))
+
+    def canonical(self, name):
+        """Enum: the member a name stands for (an alias ``CRIMSON = 1`` after ``RED = 1`` is ``RED``)."""
+        values = dict(self.members)
+        if name not in values:
+            return None
+        for first, value in self.members:
+            if value == values[name] and hash(value) == hash(values[name]):
+                return first
+        return None
+
+    def member(self, name):
+        """Enum: the judge's own member of that name (one object per member: ``is`` works)."""
+        first = self.canonical(name)
+        if first is None:
+            raise AttributeError(name)
+        if first not in self.interned:
+            value = dict(self.members)[first]
+            self.interned[first] = (EnumMember(self, first, value) if self.mixin is None
+                                    else _MIXIN_MEMBERS[self.mixin](self, first, value))
+        return self.interned[first]
+
+    def canonical_members(self):
+        return [self.member(n) for n, _ in self.members if self.canonical(n) == n]
 
     def _given_names(self, args, kwargs):
         positional = [p[0] for p in self.params if not p[2]]
@@ -696,13 +730,102 @@ def _program_method(value, name):
     return getattr(_JUDGE.materialize(value), name)
 
 
-def _literal_thunk(node):
-    """A default value written as a literal: a function giving a fresh copy each time."""
-    value = ast.literal_eval(node)
-    return lambda: ast.literal_eval(node) if isinstance(value, (list, dict, set)) else value
+CONSTANT_TYPES = (int, float, complex, str, bytes, bool, type(None))
+_BINARY = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
+           ast.Div: lambda a, b: a / b, ast.FloorDiv: lambda a, b: a // b, ast.Mod: lambda a, b: a % b,
+           ast.Pow: lambda a, b: a ** b}
 
 
-def _field_spec(value):
+class ProgramEnv:
+    """What the judge knows of the program's module-level names when it evaluates a default value:
+    modules bound once by ``import m`` of an allow-listed module, names bound once by ``from m import
+    x``, every name the program binds (a builtin it rebinds is not the builtin), earlier class models."""
+
+    def __init__(self, modules=None, stdlib=None, bound=(), models=None):
+        self.modules, self.stdlib = dict(modules or {}), dict(stdlib or {})
+        self.bound, self.models = set(bound), dict(models or {})
+
+
+def _judge_value(node, env):
+    """A default written with literals, the constants of allow-listed modules (``math.inf``, ``pi``
+    from ``from math import pi``), ``float('inf')``, unary and binary arithmetic on numbers and small
+    repetitions (``[0] * 3``): evaluated here, by the judge, never by the program. Raises ValueError
+    for anything else."""
+    env = env or ProgramEnv()
+    if isinstance(node, ast.Constant):
+        if type(node.value) not in CONSTANT_TYPES:
+            raise ValueError("constant")
+        return node.value
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        items = [_judge_value(e, env) for e in node.elts]
+        return {ast.Tuple: tuple, ast.List: list, ast.Set: set}[type(node)](items)
+    if isinstance(node, ast.Dict):
+        if any(k is None for k in node.keys):
+            raise ValueError("dict unpacking")
+        return {_judge_value(k, env): _judge_value(v, env) for k, v in zip(node.keys, node.values)}
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        v = _judge_value(node.operand, env)
+        if type(v) not in (int, float, complex):
+            raise ValueError("unary operand")
+        return -v if isinstance(node.op, ast.USub) else +v
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        a, b = _judge_value(node.left, env), _judge_value(node.right, env)
+        numbers = (int, float, complex)
+        if type(a) in numbers and type(b) in numbers:
+            bits = [abs(x).bit_length() if type(x) is int else 64 for x in (a, b)]
+            if isinstance(node.op, ast.Pow) and type(b) is int and bits[0] * abs(b) > 4096 \
+                    or isinstance(node.op, ast.Mult) and sum(bits) > 4096:
+                raise ValueError("a number too large for the judge to evaluate")
+        elif isinstance(node.op, ast.Mult) and type(a) in (list, tuple, str) and type(b) is int and 0 <= len(a) * b <= 10000:
+            pass
+        elif isinstance(node.op, ast.Add) and type(a) is type(b) and type(a) in (list, tuple, str) and len(a) + len(b) <= 10000:
+            pass
+        else:
+            raise ValueError("binary operands")
+        return _BINARY[type(node.op)](a, b)
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in env.modules:
+        value = getattr(__import__(env.modules[node.value.id]), node.attr, _MISSING)
+        if type(value) not in CONSTANT_TYPES:
+            raise ValueError("module attribute")
+        return value
+    if isinstance(node, ast.Name) and node.id in env.stdlib:
+        value = _stdlib_object(*env.stdlib[node.id])
+        if type(value) not in CONSTANT_TYPES:
+            raise ValueError("imported name")
+        return value
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("float", "int", "complex") \
+            and node.func.id not in env.bound and len(node.args) == 1 and not node.keywords:
+        arg = _judge_value(node.args[0], env)
+        if type(arg) not in (int, float, str):
+            raise ValueError("conversion argument")
+        return {"float": float, "int": int, "complex": complex}[node.func.id](arg)
+    raise ValueError("not a value the judge evaluates")
+
+
+def _literal_thunk(node, env=None):
+    """A default value the judge evaluates itself (:func:`_judge_value`): a function giving a fresh
+    copy each time."""
+    value = _judge_value(node, env)
+    return lambda: _judge_value(node, env) if isinstance(value, (list, dict, set)) else value
+
+
+def _factory_thunk(node, env):
+    """``default_factory=``: a builtin type the program does not rebind, or a lambda without
+    parameters whose body the judge evaluates itself (``lambda: [0, 0]``)."""
+    if isinstance(node, ast.Lambda):
+        spec = node.args
+        if spec.args or spec.posonlyargs or spec.kwonlyargs or spec.vararg or spec.kwarg:
+            raise ValueError("default_factory lambda with parameters")
+        _judge_value(node.body, env)
+        return lambda: _judge_value(node.body, env)
+    name = _dotted(node)
+    factory = DEFAULT_FACTORIES.get(name)
+    if factory is None or (env is not None and name in env.bound):
+        raise ValueError("default_factory")
+    return factory
+
+
+def _field_spec(value, env=None):
     """``x: int = <value>`` in a dataclass -> (default thunk or _MISSING, init, compare); raises
     ValueError where the judge cannot reproduce the field."""
     if value is None:
@@ -713,12 +836,9 @@ def _field_spec(value):
         thunk, init, compare = _MISSING, True, True
         for kw in value.keywords:
             if kw.arg == "default":
-                thunk = _literal_thunk(kw.value)
+                thunk = _literal_thunk(kw.value, env)
             elif kw.arg == "default_factory":
-                factory = DEFAULT_FACTORIES.get(_dotted(kw.value))
-                if factory is None:
-                    raise ValueError("default_factory")
-                thunk = factory
+                thunk = _factory_thunk(kw.value, env)
             elif kw.arg in ("init", "compare", "repr", "hash", "kw_only"):
                 flag = ast.literal_eval(kw.value)
                 if kw.arg == "init":
@@ -730,7 +850,7 @@ def _field_spec(value):
             elif kw.arg != "metadata":
                 raise ValueError("field option")
         return thunk, init, compare
-    return _literal_thunk(value), True, True
+    return _literal_thunk(value, env), True, True
 
 
 def _class_body_ok(node, allowed_dunders=()):
@@ -756,9 +876,16 @@ def _own_text(node):
                for s in node.body)
 
 
-def _dataclass_model(node):
-    if len(node.decorator_list) != 1 or node.keywords or any(_dotted(b) != "object" for b in node.bases):
+def _dataclass_model(node, env=None):
+    env = env or ProgramEnv()
+    if len(node.decorator_list) != 1 or node.keywords or len(node.bases) > 1:
         return None
+    base = None
+    if node.bases and _dotted(node.bases[0]) != "object":
+        # a modelled dataclass of the program (bound once, defined before): its fields come first
+        base = env.models.get(_dotted(node.bases[0]))
+        if base is None or base.kind != "dataclass":
+            return None
     deco = node.decorator_list[0]
     options = {}
     if isinstance(deco, ast.Call):
@@ -778,8 +905,11 @@ def _dataclass_model(node):
         return None
     model = ClassModel(node.name, "dataclass")
     model.order = options.get("order") is True
-    model.own_text = _own_text(node)
-    fields, compare = [], []
+    model.own_text = _own_text(node) or (base is not None and base.own_text)
+    model.ancestors = (base.ancestors + (base.name,)) if base is not None else ()
+    # (name, default thunk, init, compare) in field order: inherited fields keep their place, a field
+    # declared again takes the new spec, new fields follow (as dataclasses orders them)
+    specs = [list(spec) for spec in base.specs] if base is not None else []
     for stmt in node.body:
         if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
             continue
@@ -788,8 +918,16 @@ def _dataclass_model(node):
             continue
         if "InitVar" in ann or "KW_ONLY" in ann:
             return None
-        thunk, init, cmp = _field_spec(stmt.value)
-        name = stmt.target.id
+        spec = [stmt.target.id, *_field_spec(stmt.value, env)]
+        for i, old in enumerate(specs):
+            if old[0] == spec[0]:
+                specs[i] = spec
+                break
+        else:
+            specs.append(spec)
+    model.specs = tuple(tuple(spec) for spec in specs)
+    fields, compare = [], []
+    for name, thunk, init, cmp in specs:
         fields.append(name)
         if cmp:
             compare.append(len(fields) - 1)
@@ -806,7 +944,7 @@ def _dataclass_model(node):
     if not compare:
         return None  # every instance equal to every other: not a value the judge keeps
     if own_init:
-        params = _assigning_init(node)
+        params = _assigning_init(node, env)
         if params is None or sorted(p[0] for p in params) != sorted(fields):
             return None
         model.params, model.extra = params, {}
@@ -814,7 +952,7 @@ def _dataclass_model(node):
     return model
 
 
-def _assigning_init(node):
+def _assigning_init(node, env=None):
     """The parameters of an ``__init__`` whose body only stores each parameter, unchanged, in the
     field of the same name (``self.x = x``), else None."""
     inits = [s for s in node.body if isinstance(s, ast.FunctionDef) and s.name == "__init__"]
@@ -837,7 +975,7 @@ def _assigning_init(node):
         stored.add(stmt.value.id)
     if stored != set(names):
         return None
-    return [(n, _MISSING if d is None else _literal_thunk(d), False) for n, d in zip(names, defaults)]
+    return [(n, _MISSING if d is None else _literal_thunk(d, env), False) for n, d in zip(names, defaults)]
 
 
 def _namedtuple_class_model(node):
@@ -894,20 +1032,48 @@ def _builtin_subclass_model(node):
     return model
 
 
-ENUM_BASES = {"Enum", "enum.Enum"}
+ENUM_BASES = {"Enum": None, "enum.Enum": None, "IntEnum": int, "enum.IntEnum": int, "StrEnum": str, "enum.StrEnum": str}
 ENUM_DECORATORS = {"unique", "enum.unique"}
 ENUM_TEXT = {"__str__", "__repr__", "__format__"}
 
 
-def _enum_model(node):
-    """``class Color(Enum)`` whose members are literal values and that has no lookup hooks of its
-    own (``_missing_``, ``__new__``, ``__init__``): a call ``Color(1)`` is the member the judge finds
-    by value here, read from the source (as ``Enum`` looks it up), then asked of the program by name."""
+ENUM_AUTO = {"auto", "enum.auto"}
+
+
+def _enum_auto_value(values):
+    """What ``auto()`` gives after ``values`` in a plain ``Enum``: 1 first, then the last value + 1
+    when the values are ints in increasing order (where CPython's versions agree), else not modelled."""
+    if not values:
+        return 1
+    if not all(type(v) is int for v in values) or values[-1] != max(values):
+        raise ValueError("auto() after values the judge does not order")
+    return values[-1] + 1
+
+
+def _is_enum_auto(call, env):
+    """``auto()`` / ``enum.auto()`` without arguments, the name being the standard library's."""
+    name = _dotted(call.func)
+    if call.args or call.keywords or name not in ENUM_AUTO:
+        return False
+    if env is None:
+        return True
+    if name == "auto":
+        return getattr(env, "imports", {}).get("auto") == ("enum", "auto")
+    return getattr(env, "all_modules", {}).get("enum") == "enum"
+
+
+def _enum_model(node, env=None):
+    """``class Color(Enum)`` whose members are literal values or ``auto()`` and that has no lookup
+    hooks of its own (``_missing_``, ``__new__``, ``__init__``, ``_generate_next_value_``): its members
+    are the judge's own, read from the source (:class:`EnumMember`); ``Color(1)`` is found by value
+    here, as ``Enum`` looks it up, and nothing about the members is read back from the program."""
     if node.keywords or len(node.bases) != 1 or _dotted(node.bases[0]) not in ENUM_BASES:
         return None
     if any(_dotted(d) not in ENUM_DECORATORS for d in node.decorator_list):
         return None
     model = ClassModel(node.name, "enum")
+    model.own_text = _own_text(node)
+    model.mixin = ENUM_BASES[_dotted(node.bases[0])]
     for stmt in node.body:
         if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) or isinstance(stmt, ast.Pass):
             continue
@@ -915,19 +1081,28 @@ def _enum_model(node):
             continue
         if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name) \
                 and not stmt.targets[0].id.startswith("_"):
-            value = ast.literal_eval(stmt.value)
+            if isinstance(stmt.value, ast.Call) and _is_enum_auto(stmt.value, env):
+                # StrEnum: the member's name in lower case; Enum / IntEnum: 1, then the last value + 1
+                value = stmt.targets[0].id.lower() if model.mixin is str else _enum_auto_value([v for _, v in model.members])
+            else:
+                value = ast.literal_eval(stmt.value)
+            if model.mixin is not None and type(value) is not model.mixin:
+                return None  # CPython converts (IntEnum: int('1')); not modelled
             hash(value)
+            if any(n == stmt.targets[0].id for n, _ in model.members):
+                return None  # CPython refuses a member defined twice
             model.members.append((stmt.targets[0].id, value))
             continue
         return None
     return model if model.members else None
 
 
-def _class_model(node):
+def _class_model(node, env=None):
     try:
-        return _dataclass_model(node) or _namedtuple_class_model(node) or _builtin_subclass_model(node) or _enum_model(node)
-    except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
-        return None
+        return (_dataclass_model(node, env) or _namedtuple_class_model(node) or _builtin_subclass_model(node)
+                or _enum_model(node, env))
+    except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError, ArithmeticError):
+        return None  # (ArithmeticError: a default CPython refuses too, ``1 / 0``, ``1e308 ** 2``)
 
 
 def program_names(program):
@@ -956,9 +1131,9 @@ def program_names(program):
                 and len(target.elts) == len(value.elts):
             for t, v in zip(target.elts, value.elts):
                 bind(t, v)
-        else:
+        else:  # ``a, *b = ...``; ``C.attr = ...`` / ``d[k] = ...`` bind no name (their base is read)
             for n in ast.walk(target):
-                if isinstance(n, ast.Name):
+                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
                     add(n.id, "other")
 
     def stores(node):
@@ -980,8 +1155,7 @@ def program_names(program):
             if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 add(stmt.name, "function")
             elif isinstance(stmt, ast.ClassDef):
-                model = _class_model(stmt)
-                add(stmt.name, "model" if model is not None else "class", model)
+                add(stmt.name, "classdef", stmt)  # modelled below, once every binding is known
             elif isinstance(stmt, ast.Assign):
                 for target in stmt.targets:
                     bind(target, stmt.value)
@@ -990,13 +1164,13 @@ def program_names(program):
                 bind(stmt.target, stmt.value)
             elif isinstance(stmt, ast.Import):
                 for alias in stmt.names:
-                    add(alias.asname or alias.name.split(".")[0], "module")
+                    add(alias.asname or alias.name.split(".")[0], "module", alias.name if alias.asname else alias.name.split(".")[0])
             elif isinstance(stmt, ast.ImportFrom):
                 for alias in stmt.names:
                     if stmt.level == 0 and (stmt.module or "").split(".")[0] in SAFE_IMPORTS and alias.name != "*":
                         add(alias.asname or alias.name, "stdlib", (stmt.module, alias.name))
                     else:
-                        add(alias.asname or alias.name, "other")
+                        add(alias.asname or alias.name, "other", ("from", stmt.module, alias.name) if stmt.level == 0 else None)
             elif isinstance(stmt, (ast.If, ast.Try, ast.With, ast.For, ast.While)):
                 for field in ("body", "orelse", "finalbody"):
                     visit(getattr(stmt, field, []) or [])
@@ -1017,6 +1191,26 @@ def program_names(program):
                 add(name, "other")
         elif isinstance(node, ast.NamedExpr) and isinstance(node.target, ast.Name):
             add(node.target.id, *value_kind(node.target.id, node.value))
+    # class statements, in source order, with what the judge knows of the other names (defaults such as
+    # ``math.inf``, a base class modelled before)
+    once = {name: b[0] for name, b in found.items() if len(b) == 1}
+    env = ProgramEnv(modules={n: d for n, (k, d) in once.items() if k == "module" and d.split(".")[0] in SAFE_IMPORTS},
+                     stdlib={n: d for n, (k, d) in once.items() if k == "stdlib"}, bound=found)
+    env.imports = {n: (d if k == "stdlib" else d[1:]) for n, (k, d) in once.items()
+                   if k == "stdlib" or (k == "other" and isinstance(d, tuple) and d[:1] == ("from",))}
+    env.all_modules = {n: d for n, (k, d) in once.items() if k == "module"}
+    for name, bindings in found.items():
+        for i, (kind, node) in enumerate(bindings):
+            if kind == "classdef":
+                bindings[i] = ("class", node)
+    for name, bindings in sorted(((n, b) for n, b in found.items() if b[0][0] == "class" and isinstance(b[0][1], ast.ClassDef)),
+                                 key=lambda nb: (nb[1][0][1].lineno, nb[1][0][1].col_offset)):
+        for i, (kind, node) in enumerate(bindings):
+            if isinstance(node, ast.ClassDef):
+                model = _class_model(node, env) if len(bindings) == 1 else None
+                bindings[i] = ("model", model) if model is not None else ("class", None)
+                if model is not None:
+                    env.models[name] = model
     out = {}
     for name, bindings in found.items():
         kinds = {k for k, _ in bindings}
@@ -1039,6 +1233,118 @@ def _stdlib_object(module, name):
         return _MISSING
 
 
+class EnumMember:
+    """A member of an enum the judge models, the judge's own (one object per member): its class, name
+    and value come from the program's source, so equality, hashing, ``is``, ``.name`` and ``.value``
+    are the judge's; a member the program returns arrives as its class and name and is this same object.
+    Methods of the enum, and ``str`` / ``repr`` when the enum defines its own, are asked of the
+    program's member of that name (the program answering, as a method call does)."""
+
+    __slots__ = ("_model", "_cls", "_name", "_value", "_handle")
+
+    def __init__(self, model, name, value):
+        for slot, v in (("_model", model), ("_cls", model.name), ("_name", name), ("_value", value), ("_handle", None)):
+            object.__setattr__(self, slot, v)
+
+    def __getattr__(self, name):
+        if name in ("name", "_name_"):
+            return self._name
+        if name in ("value", "_value_"):
+            return self._value
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self._own(), name)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("cannot reassign members of an enum")
+
+    def _own(self):
+        """The program's member of this name (a handle), asked once per executor."""
+        handle = self._handle
+        if handle is None or handle._executor is not _JUDGE.executor or not handle._executor.alive():
+            handle = _JUDGE.materialize(self)
+            object.__setattr__(self, "_handle", handle)
+        return handle
+
+    def _adopt(self, handle):
+        if isinstance(handle, RemoteObject):
+            object.__setattr__(self, "_handle", handle)
+
+    def __reduce__(self):
+        raise TypeError("enum members of the program are not copied")
+
+    def __str__(self):
+        return str(self._own()) if self._model.own_text else "%s.%s" % (self._cls, self._name)
+
+    def __repr__(self):
+        return repr(self._own()) if self._model.own_text else "<%s.%s: %r>" % (self._cls, self._name, self._value)
+
+    def __format__(self, spec):
+        return format(str(self), spec)
+
+
+class _MixinMember:
+    """Shared behaviour of the judge's members of an ``IntEnum`` / ``StrEnum``: the value itself (an
+    ``int`` / ``str``, compared and hashed as one) with the member's name."""
+
+    _judge_enum_member = True
+
+    def _init(self, model, name):
+        object.__setattr__(self, "_model", model)
+        object.__setattr__(self, "_cls", model.name)
+        object.__setattr__(self, "_name", name)
+
+    @property
+    def name(self):
+        return self._name
+
+    _name_ = name
+
+    def __setattr__(self, name, value):
+        raise AttributeError("cannot reassign members of an enum")
+
+    def __reduce__(self):
+        raise TypeError("enum members of the program are not copied")
+
+    def __repr__(self):
+        return "<%s.%s: %r>" % (self._cls, self._name, self.value)
+
+
+class IntEnumMember(_MixinMember, int):
+    def __new__(cls, model, name, value):
+        self = int.__new__(cls, value)
+        self._init(model, name)
+        return self
+
+    @property
+    def value(self):
+        return int(self)
+
+    _value_ = value
+
+    def __str__(self):
+        return int.__repr__(self)
+
+
+class StrEnumMember(_MixinMember, str):
+    def __new__(cls, model, name, value):
+        self = str.__new__(cls, value)
+        self._init(model, name)
+        return self
+
+    @property
+    def value(self):
+        return str.__str__(self)
+
+    _value_ = value
+
+    def __str__(self):
+        return str.__str__(self)
+
+
+_MIXIN_MEMBERS = {int: IntEnumMember, str: StrEnumMember}
+
+
 class ModelClass:
     """What the test sees for a class of the program that the judge models: calling it builds the
     value here, from the test's own arguments (the program never sees the call); anything else
@@ -1053,28 +1359,50 @@ class ModelClass:
 
     def __call__(self, *args, **kwargs):
         if self._model.kind == "enum":
-            return getattr(self._remote, self._model.member_for(args, kwargs))
+            return self._model.member_for(args, kwargs)
         return self._model.build(args, kwargs)
 
+    # an enum's members are the judge's, from the source: never read back from the program's class
     def __getattr__(self, name):
+        if self._model.kind == "enum" and self._model.canonical(name) is not None:
+            return self._model.member(name)
         return getattr(self._remote, name)
 
     def __getitem__(self, key):
+        if self._model.kind == "enum":
+            if type(key) is str and self._model.canonical(key) is not None:
+                return self._model.member(key)
+            raise KeyError(key)
         return self._remote[key]
 
     def __iter__(self):
+        if self._model.kind == "enum":
+            return iter(self._model.canonical_members())
         return iter(self._remote)
 
     def __len__(self):
+        if self._model.kind == "enum":
+            return len(self._model.canonical_members())
         return len(self._remote)
 
     def __contains__(self, item):
+        if self._model.kind == "enum":
+            members = self._model.canonical_members()
+            return any(item is m for m in members) or (not isinstance(item, (EnumMember, _MixinMember))
+                                                     and any(m.value == item for m in members))
         return item in self._remote
 
     def __instancecheck__(self, obj):
         model = self._model
-        if isinstance(obj, Record) and obj._name == model.name and obj._fields == model.fields:  # noqa: F821
-            return True
+        if isinstance(obj, (EnumMember, _MixinMember)):
+            return model.kind == "enum" and obj._model is model
+        if isinstance(obj, Record):  # noqa: F821
+            # a record of this class or of a modelled dataclass that derives from it
+            own = Record.MODELS.get(obj._name)  # noqa: F821
+            if obj._name == model.name and obj._fields == model.fields:
+                return True
+            if own is not None and own.fields == obj._fields and model.name in own.ancestors:
+                return True
         if model.kind == "namedtuple" and isinstance(obj, tuple) and type(obj).__name__ == model.name \
                 and getattr(type(obj), "_fields", None) == model.fields:
             return True
@@ -1147,24 +1475,25 @@ class Judge:
         ex = obj._executor
         if ex is not self.executor or not ex.alive():
             raise CandidateCrashed("object of an earlier sandbox run")
-        if obj._built:  # the test uses the object it built (its own reference): the program holds it now
-            ex.released.add(obj._hid)
         callbacks = {}
+        # the request hands over its target and the handles among its arguments, and with each handle
+        # what the test handed over to get it (``t.inc`` is a handle got by handing over ``t``)
+        handed = {obj._hid} | set(obj._grant)
         msg = {"k": kind, "target": obj._hid}
         # a call of a class of the program (a class statement the judge does not model) builds an
         # object (the judge's reading of the program's source, never the executor's word)
         builds = kind == "call" and obj._kind == "class"
         if kind == "call":
             args, kwargs = fields["args"], fields["kwargs"]
-            msg["args"] = ex.encode(tuple(args), callbacks)
-            msg["kwargs"] = ex.encode(dict(kwargs), callbacks)
+            msg["args"] = ex.encode(tuple(args), callbacks, handed)
+            msg["kwargs"] = ex.encode(dict(kwargs), callbacks, handed)
             if builds:
                 msg["as_handle"] = True
         else:
             msg["op"] = fields["op"]
             if "arg" in fields:
-                msg["arg"] = ex.encode(fields["arg"], callbacks)
-        resolve = self._resolve_from(ex, callbacks)
+                msg["arg"] = ex.encode(fields["arg"], callbacks, handed)
+        resolve = self._resolve_from(ex, callbacks, frozenset(handed))
         reply = ex.request(msg, self.deadline, callbacks, resolve)
         if reply["k"] == "exc":
             raise _candidate_exception(reply)
@@ -1187,6 +1516,32 @@ class Judge:
             value = type(value)(ex, value._hid, obj._label, built=True)
         return value
 
+    def enum_member(self, ex, v, resolve):
+        """``{"em": [class, member, handle]}`` from the executor: the judge's member of an enum it
+        models (the program's word is only which member it answers), else the object's handle."""
+        if not (isinstance(v, list) and len(v) == 4 and type(v[0]) is str and type(v[1]) is str):
+            raise CodecError("malformed enum member")  # noqa: F821
+        ref = None
+        if v[2] is not None:
+            if not (isinstance(v[2], dict) and list(v[2]) == ["h"]):
+                raise CodecError("malformed enum member")  # noqa: F821
+            ref = resolve("h", v[2]["h"])
+        kind, model = self.kinds.get(v[0], (None, None))
+        if kind == "model" and model.kind == "enum" and model.canonical(v[1]) is not None:
+            member = model.member(v[1])
+            if isinstance(member, EnumMember) and isinstance(ref, RemoteObject) \
+                    and (member._handle is None or member._handle._executor is not ref._executor):
+                member._adopt(ref)
+            return member
+        if v[3] is not None:  # an IntEnum / StrEnum member of a class the judge does not model: its value
+            value = decode_value(v[3])  # noqa: F821
+            if type(value) not in (int, str):
+                raise CodecError("malformed enum member")  # noqa: F821
+            return value
+        if ref is None:
+            raise CodecError("enum member without a handle")  # noqa: F821
+        return ref
+
     def materialize(self, record):
         """The program's own instance for a value the judge built (to call its methods): the test
         hands the value to the program."""
@@ -1198,15 +1553,17 @@ class Judge:
             raise _candidate_exception(reply)
         value = decode_value(reply.get("v"), self._resolve_from(ex, callbacks))  # noqa: F821
         if not isinstance(value, RemoteObject):
-            raise TypeError("the program could not rebuild a %s" % record._name)
+            raise TypeError("the program could not rebuild a %s" % (record._cls if isinstance(record, EnumMember) else record._name))
         return value
 
-    def _resolve_from(self, ex, callbacks):
+    def _resolve_from(self, ex, callbacks, grant=frozenset()):
         def resolve(tag, v):
             if tag == "h" and isinstance(v, list) and len(v) in (2, 3) and type(v[0]) is int:
                 ex.seen.add(v[0])
                 cls = RemoteIteratorObject if len(v) == 3 else RemoteObject
-                return cls(ex, v[0], str(v[1])[:100])
+                return cls(ex, v[0], str(v[1])[:100], grant=grant)
+            if tag == "em":  # an enum member of the program: the judge's own member when it models the class
+                return self.enum_member(ex, v, resolve)
             if tag == "cb" and type(v) is int and v in callbacks:
                 return callbacks[v]  # one of the test's own callables, handed back
             if tag == "nt":  # a namedtuple of a class the judge models gets that class's methods
@@ -1305,16 +1662,19 @@ class Judge:
                     if code is None:
                         raise TestBroken("test %d does not compile" % i)
                     ex = self.ensure_executor()
-                    ns = self.namespace(base, ex, used, modules)
-                    if not sequential:
-                        exec(code, ns)
-                        return
-                    ns.update(carry)
-                    before = dict(ns)
-                    try:
-                        exec(code, ns)
-                    finally:
-                        carry.update((k, v) for k, v in ns.items() if k not in before or before[k] is not v)
+                    # several builtin-named definitions of the program composed by one test and no
+                    # entry point naming one: the test must pass with each of them as the entry point
+                    for choice in self.builtin_choices(base, ex, used):
+                        ns = self.namespace(base, ex, used, modules, choice)
+                        if not sequential:
+                            exec(code, ns)
+                            continue
+                        ns.update(carry)
+                        before = dict(ns)
+                        try:
+                            exec(code, ns)
+                        finally:
+                            carry.update((k, v) for k, v in ns.items() if k not in before or before[k] is not v)
 
                 self.run_test(i, body)
         else:
@@ -1339,11 +1699,26 @@ class Judge:
 
             self.run_test(0, body)
 
-    def namespace(self, base, ex, used, modules=()):
+    def builtin_choices(self, base, ex, used):
+        """Which builtin-named definition of the program a test may call (None: the rule of
+        :meth:`namespace` alone): each one in turn when the test uses several and calls no other name of
+        the program and the row names no entry point (``list(sorted(xs))`` with both defined)."""
+        entry = self.job.get("entry_point") or ""
+        names = set(ex.names) | set(ex.values)
+        shadowing = sorted(n for n in names if n in used and n not in base and hasattr(builtins, n))
+        primary = [n for n in names if n in used and n not in base and not hasattr(builtins, n)]
+        if entry or primary or len(shadowing) < 2:
+            return [None]
+        return shadowing
+
+    def namespace(self, base, ex, used, modules=(), choice=None):
         """The test's globals: trusted setup first (never overridden), then what the candidate
-        defines. A candidate name that shadows a builtin is bound only when the test calls no other
-        candidate name (``assert pow(2, 3) == 8`` tests the candidate's ``pow``); when the test does
-        (``assert len(f(1)) == 3``), builtin-named definitions stay the candidate's own helpers.
+        defines. Names the test calls are the real builtins, except the task's entry point: the row's
+        ``entry_point`` when it names one, else a builtin-named definition the test calls when it calls
+        no other name of the program (``assert pow(2, 3) == 8`` tests the candidate's ``pow``; with
+        several, ``choice``: each in turn, see :meth:`builtin_choices`); when the test calls another
+        name of the program (``assert len(f(1)) == 3``), builtin-named definitions stay the
+        candidate's own helpers.
         A name the test reads as a module (``modules``: ``math`` in ``math.isclose(...)``) is never
         the candidate's: it is the module when the setup or one of the program's allow-listed
         ``import`` statements (run here, see :func:`candidate_safe_imports`) provides it, else unbound."""
@@ -1362,11 +1737,16 @@ class Judge:
                 if real is not _MISSING:
                     candidate[name] = real
         primary = [n for n in candidate if n in used and n not in base and not hasattr(builtins, n)]
+        entry = self.job.get("entry_point") or ""
         for name, value in candidate.items():
             if name in base:
                 continue
-            if hasattr(builtins, name) and (primary or name not in used):
-                continue
+            if hasattr(builtins, name):
+                if entry:
+                    if name != entry:
+                        continue
+                elif primary or name not in used or (choice is not None and name != choice):
+                    continue
             ns[name] = value
         return ns
 
