@@ -16,7 +16,9 @@ completions per process (``sure_unsure``; 2 by default); ``task=toy_thresholds``
 (``load_toy()``'s checkpoint, its sampler settings) with dynamic unmasking thresholds per process — process 0's so low
 that each block commits in one step, process 1's so high that it commits one token per step; ``trainer``: ``rldf``
 or ``dppo`` (:class:`~dllm_trl.DiffusionDPPOMaskTrainer`); ``num_iterations`` (π_old scored by an old-policy pass);
-``is_correction`` (``1``: ``rollout_importance_sampling_correction``). Every process checks that its view of the full parameters, and its buffers, equal
+``is_correction`` (``1``: ``rollout_importance_sampling_correction``); ``reward_fault`` (``raise@R``: the reward
+raises on process ``R`` at its first call; ``hang@R``: it never returns there); ``ddp_timeout`` (seconds a
+collective may wait). Every process checks that its view of the full parameters, and its buffers, equal
 the others'; rank 0 writes ``OUTPUT_DIR/result.pt`` (losses, KLs, the full trained parameters, the engine that ran).
 The harness reads the engines through accelerate and torch only, not through the code under test.
 """
@@ -52,7 +54,7 @@ def distinct_reward(completions, **kwargs):
 def parse(argv):
     options = dict(model="memory", beta="0.01", backward_mode="", steps="2", save="0", fsdp_on_cpu="0", use_cpu="1",
                    count_comm="0", family="masked", task="addition", batch="2", trainer="rldf", num_iterations="1",
-                   is_correction="0")
+                   is_correction="0", reward_fault="", ddp_timeout="")
     for item in argv:
         key, value = item.split("=", 1)
         if key not in options:
@@ -96,6 +98,20 @@ class CommunicationPerStep(TrainerCallback):
         COMMUNICATION.setdefault("per_step", []).append(
             tuple(now - before for now, before in zip(self.marks[-1], self.marks[-2]))
         )
+
+
+def faulty(reward, kind: str, rank: str):
+    """``reward``, except on process ``rank``, where its first call raises (``kind`` ``raise``) or never returns
+    (``hang``)."""
+    def reward_with_fault(completions, **kwargs):
+        if os.environ.get("RANK") == rank:
+            if kind == "raise":
+                raise RuntimeError(f"reward service unreachable on process {rank}")
+            time.sleep(3600)
+        return reward(completions, **kwargs)
+
+    reward_with_fault.__name__ = getattr(reward, "__name__", "reward")
+    return reward_with_fault
 
 
 def fsdp_state_on_cpu():
@@ -193,6 +209,8 @@ def main(output_dir: str, options: dict):
         shape = dict(per_device_train_batch_size=2, num_generations=2, max_completion_length=gen.gen_length,
                      block_length=gen.block_length, unmasking="dynamic", unmasking_threshold=1e-6 if rank == 0 else 1.0,
                      cache_mode="dual", learning_rate=1e-5, shuffle_dataset=False)
+    if options["ddp_timeout"]:
+        extra["ddp_timeout"] = int(options["ddp_timeout"])
     if options["num_iterations"] != "1":
         extra["num_iterations"] = int(options["num_iterations"])
     if options["is_correction"] == "1":
@@ -243,6 +261,8 @@ def main(output_dir: str, options: dict):
     else:
         model = load_diffusion_model(options["model"], mask_token_id=tokenizer.mask_token_id)
     partitioned_at_load = any(hasattr(p, "ds_id") for p in model.parameters())
+    if options["reward_fault"]:
+        reward = faulty(reward, *options["reward_fault"].split("@"))
     trainer_class = RLDFTrainer
     if options["trainer"] == "dppo":
         from dllm_trl.trainers import DiffusionDPPOMaskTrainer as trainer_class
@@ -280,7 +300,9 @@ def main(output_dir: str, options: dict):
     buffer_views = trainer.accelerator.gather(torch.cat(buffers).unsqueeze(0))
     assert all(torch.equal(buffer_views[0], view) for view in buffer_views), "buffers differ across processes"
     COMMUNICATION["on"] = False
-    per_process = trainer.accelerator.gather(torch.tensor([nfe, loss_chunks]).unsqueeze(0)).tolist()
+    # (one rollout per num_iterations steps: as many nfe rows as rollouts, loss_chunks rows as steps)
+    per_process = list(zip(trainer.accelerator.gather(torch.tensor([nfe]).unsqueeze(0)).tolist(),
+                           trainer.accelerator.gather(torch.tensor([loss_chunks]).unsqueeze(0)).tolist()))
     forward_counts = trainer.accelerator.gather(torch.tensor([forwards[0]])).tolist()
     rollout_seconds = trainer.accelerator.gather(torch.tensor([getattr(trainer.sampler, "seconds", 0.0)]))
     rss = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0])
@@ -306,8 +328,8 @@ def main(output_dir: str, options: dict):
                 "peak_rss_mib": peak_rss,
                 "forwards": forward_counts,
                 "rollout_seconds": rollout_seconds.tolist(),
-                "nfe": [row[0] for row in per_process],
-                "loss_chunks": [row[1] for row in per_process],
+                "nfe": [row[0][0] for row in per_process],
+                "loss_chunks": [row[1][0] for row in per_process],
             },
             os.path.join(output_dir, "result.pt"),
         )

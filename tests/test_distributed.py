@@ -68,6 +68,8 @@ def descendants(pid: int) -> list[int]:
     process group)."""
     children = {}
     for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
         try:
             parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
         except (OSError, ValueError, IndexError):
