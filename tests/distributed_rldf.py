@@ -12,7 +12,13 @@ to 20 steps — for process 1, with dynamic unmasking, so that the processes dec
 different numbers of loss forwards; see :func:`sure_unsure_dataset`). Each process records its rollouts' forward
 counts and its real loss chunks per step (``nfe``, ``loss_chunks`` in the result, one row per process), all its
 forwards of the policy (``forwards``: rollouts, scoring, loss and idle ones) and its rollout seconds; ``batch``:
-completions per process (``sure_unsure``; 2 by default). Every process checks that its view of the full parameters, and its buffers, equal
+completions per process (``sure_unsure``; 2 by default); ``task=toy_thresholds``: the shipped addition toy
+(``load_toy()``'s checkpoint, its sampler settings) with dynamic unmasking thresholds per process — process 0's so low
+that each block commits in one step, process 1's so high that it commits one token per step; ``trainer``: ``rldf``
+or ``dppo`` (:class:`~dllm_trl.DiffusionDPPOMaskTrainer`); ``num_iterations`` (π_old scored by an old-policy pass);
+``is_correction`` (``1``: ``rollout_importance_sampling_correction``); ``reward_fault`` (``raise@R``: the reward
+raises on process ``R`` at its first call; ``hang@R``: it never returns there); ``ddp_timeout`` (seconds a
+collective may wait). Every process checks that its view of the full parameters, and its buffers, equal
 the others'; rank 0 writes ``OUTPUT_DIR/result.pt`` (losses, KLs, the full trained parameters, the engine that ran).
 The harness reads the engines through accelerate and torch only, not through the code under test.
 """
@@ -47,7 +53,8 @@ def distinct_reward(completions, **kwargs):
 
 def parse(argv):
     options = dict(model="memory", beta="0.01", backward_mode="", steps="2", save="0", fsdp_on_cpu="0", use_cpu="1",
-                   count_comm="0", family="masked", task="addition", batch="2")
+                   count_comm="0", family="masked", task="addition", batch="2", trainer="rldf", num_iterations="1",
+                   is_correction="0", reward_fault="", ddp_timeout="")
     for item in argv:
         key, value = item.split("=", 1)
         if key not in options:
@@ -91,6 +98,20 @@ class CommunicationPerStep(TrainerCallback):
         COMMUNICATION.setdefault("per_step", []).append(
             tuple(now - before for now, before in zip(self.marks[-1], self.marks[-2]))
         )
+
+
+def faulty(reward, kind: str, rank: str):
+    """``reward``, except on process ``rank``, where its first call raises (``kind`` ``raise``) or never returns
+    (``hang``)."""
+    def reward_with_fault(completions, **kwargs):
+        if os.environ.get("RANK") == rank:
+            if kind == "raise":
+                raise RuntimeError(f"reward service unreachable on process {rank}")
+            time.sleep(3600)
+        return reward(completions, **kwargs)
+
+    reward_with_fault.__name__ = getattr(reward, "__name__", "reward")
+    return reward_with_fault
 
 
 def fsdp_state_on_cpu():
@@ -179,14 +200,42 @@ def main(output_dir: str, options: dict):
                      shuffle_dataset=False, learning_rate=1e-5)
         if not gemma:  # DiffusionGemma's rows stop early by their own confidence (its toy sampler's settings)
             shape.update(unmasking="dynamic", unmasking_threshold=0.9)
-    args = RLDFConfig(
+    toy_thresholds = options["task"] == "toy_thresholds"
+    if toy_thresholds:  # the addition toy's sampler settings, one threshold per process (see the module docstring)
+        from dllm_trl.toy.model import toy_generation_config
+
+        gen = toy_generation_config()
+        rank = int(os.environ.get("RANK", "0"))
+        shape = dict(per_device_train_batch_size=2, num_generations=2, max_completion_length=gen.gen_length,
+                     block_length=gen.block_length, unmasking="dynamic", unmasking_threshold=1e-6 if rank == 0 else 1.0,
+                     cache_mode="dual", learning_rate=1e-5, shuffle_dataset=False)
+    if options["ddp_timeout"]:
+        extra["ddp_timeout"] = int(options["ddp_timeout"])
+    if options["num_iterations"] != "1":
+        extra["num_iterations"] = int(options["num_iterations"])
+    if options["is_correction"] == "1":
+        extra["rollout_importance_sampling_correction"] = True
+    config_class = RLDFConfig
+    if options["trainer"] == "dppo":
+        from dllm_trl.trainers import DPPOMaskConfig
+
+        config_class = DPPOMaskConfig
+    args = config_class(
         output_dir=output_dir, max_steps=steps, logging_steps=1, report_to="none", beta=float(options["beta"]), seed=0, use_cpu=options["use_cpu"] == "1",
         bf16=False,  # fp32 everywhere, so that engines can be compared tightly
         save_strategy="steps" if options["save"] == "1" else "no", save_steps=steps,
         num_sampled_timesteps=4, drop_zero_variance_groups=True, **shape, **extra,
     )
     pieces, reward, dataset = {}, length_reward, addition_dataset()
-    if sure_unsure:
+    if toy_thresholds:
+        from transformers import AutoTokenizer
+
+        from dllm_trl.toy import toy_assets_dir, toy_dataset, toy_reward
+
+        path = str(toy_assets_dir()) if options["model"] == "memory" else options["model"]
+        model, tokenizer = load_diffusion_model(path), AutoTokenizer.from_pretrained(path)
+        reward, dataset = toy_reward, toy_dataset(size=16)
+    elif sure_unsure:
         from transformers import AutoTokenizer
 
         from dllm_trl.toy import sudoku_cell_reward, toy_assets_dir
@@ -212,7 +261,12 @@ def main(output_dir: str, options: dict):
     else:
         model = load_diffusion_model(options["model"], mask_token_id=tokenizer.mask_token_id)
     partitioned_at_load = any(hasattr(p, "ds_id") for p in model.parameters())
-    trainer = RLDFTrainer(model=model, reward_funcs=reward, args=args, train_dataset=dataset,
+    if options["reward_fault"]:
+        reward = faulty(reward, *options["reward_fault"].split("@"))
+    trainer_class = RLDFTrainer
+    if options["trainer"] == "dppo":
+        from dllm_trl.trainers import DiffusionDPPOMaskTrainer as trainer_class
+    trainer = trainer_class(model=model, reward_funcs=reward, args=args, train_dataset=dataset,
                           processing_class=tokenizer, **pieces)
     nfe, loss_chunks = [], []
     trainer.sampler = RecordingSampler(trainer.sampler, nfe)
@@ -246,7 +300,9 @@ def main(output_dir: str, options: dict):
     buffer_views = trainer.accelerator.gather(torch.cat(buffers).unsqueeze(0))
     assert all(torch.equal(buffer_views[0], view) for view in buffer_views), "buffers differ across processes"
     COMMUNICATION["on"] = False
-    per_process = trainer.accelerator.gather(torch.tensor([nfe, loss_chunks]).unsqueeze(0)).tolist()
+    # (one rollout per num_iterations steps: as many nfe rows as rollouts, loss_chunks rows as steps)
+    per_process = list(zip(trainer.accelerator.gather(torch.tensor([nfe]).unsqueeze(0)).tolist(),
+                           trainer.accelerator.gather(torch.tensor([loss_chunks]).unsqueeze(0)).tolist()))
     forward_counts = trainer.accelerator.gather(torch.tensor([forwards[0]])).tolist()
     rollout_seconds = trainer.accelerator.gather(torch.tensor([getattr(trainer.sampler, "seconds", 0.0)]))
     rss = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0])
@@ -272,8 +328,8 @@ def main(output_dir: str, options: dict):
                 "peak_rss_mib": peak_rss,
                 "forwards": forward_counts,
                 "rollout_seconds": rollout_seconds.tolist(),
-                "nfe": [row[0] for row in per_process],
-                "loss_chunks": [row[1] for row in per_process],
+                "nfe": [row[0][0] for row in per_process],
+                "loss_chunks": [row[1][0] for row in per_process],
             },
             os.path.join(output_dir, "result.pt"),
         )

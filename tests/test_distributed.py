@@ -10,8 +10,11 @@ unmodified. The shipped configs that cannot run here must stop with a clear mess
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -47,13 +50,76 @@ def launch(out: Path, *options: str, config: str | Path | None = "multi_gpu", pr
         command += ["--config_file", str(config if isinstance(config, Path) else CONFIGS / f"{config}.yaml")]
     command += ["--num_processes", str(processes), "--num_machines", "1", "--mixed_precision", "no",
                 "--dynamo_backend", "no", "--main_process_port", str(free_port()), str(SCRIPT), str(out), *options]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    done = run_bounded(command, timeout, env)
     output = done.stdout + done.stderr
     if check:
         assert done.returncode == 0, output[-6000:]
         assert f"DISTRIBUTED_OK world={processes}" in done.stdout, output[-3000:]
         return torch.load(out / "result.pt")
     return done.returncode, output
+
+
+class LaunchHung(AssertionError):
+    """A launch that did not finish within its time limit (a collective that never completed)."""
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes below ``pid`` (torchrun starts each worker in a session of its own, out of the launcher's
+    process group)."""
+    children = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(parent, []).append(int(entry.name))
+    found, queue = [], [pid]
+    while queue:
+        for child in children.get(queue.pop(), []):
+            found.append(child)
+            queue.append(child)
+    return found
+
+
+def run_bounded(command, timeout: int, env: dict) -> subprocess.CompletedProcess:
+    """``command`` in its own process group; past ``timeout`` seconds the launcher and every worker under it are
+    killed and :class:`LaunchHung` raised with the end of the output, so that a hang fails the test instead of
+    leaving workers behind."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+                               start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for pid in descendants(process.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        raise LaunchHung(f"the launch hung (killed after {timeout} s):\n{(stdout + stderr)[-4000:]}") from None
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def zero3_gathering_config(directory: Path) -> Path:
+    """The shipped ZeRO-3 config with ``stage3_param_persistence_threshold: 0``: every weight is partitioned and
+    gathered at each module call, as a real model's are (the toys' weights are all under the default threshold of
+    1e5 elements, so with the shipped config ZeRO-3 gathers none of them). Written to ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "zero3_gathering.json").write_text(json.dumps({
+        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
+                              "stage3_gather_16bit_weights_on_model_save": True},
+        "train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",
+        "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
+        "bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto"},
+    }))
+    shipped = (CONFIGS / "deepspeed_zero3.yaml").read_text()
+    start, end = shipped.index("deepspeed_config:"), shipped.index("num_machines:")
+    engine = (f"deepspeed_config:\n  deepspeed_multinode_launcher: standard\n  zero3_init_flag: true\n"
+              f"  deepspeed_config_file: {directory / 'zero3_gathering.json'}\n")
+    config = directory / "zero3_gathering.yaml"
+    config.write_text(shipped[:start] + engine + shipped[end:].replace("mixed_precision: bf16", "mixed_precision: 'no'"))
+    return config
 
 
 @pytest.fixture(scope="module")

@@ -365,20 +365,27 @@ def diffusion_generate(
 
     Under engines whose forwards are collectives (FSDP, ZeRO-3 without gathered weights) a process whose rows are
     decoded sooner (a sure block commits in one step, an unsure one in ``block_length``) then runs idle forwards
-    until every process is done (:class:`~dllm_trl.models.engines.LockStep`, SPEC §9); its rollout is unchanged.
+    until every process is done (:class:`~dllm_trl.models.engines.LockStep`, SPEC §9): its own step's model call
+    (the same cache mode's call on its finished canvas) reading no position, so the modules are reached as a
+    decoding step reaches them; its rollout is unchanged.
     """
     cfg = generation_config or DiffusionGenerationConfig()
     lock = LockStep(model)
-    with lock.matched_forwards(model, lambda: idle_forward(model, input_ids)):
+    partner = {}  # the decoding's own model call, reading nothing: the idle partner of another process's step
+
+    def idle():
+        (partner.get("step") or (lambda: idle_forward(model, input_ids)))()
+
+    with lock.matched_forwards(model, idle):
         if not cfg.record_routing:
-            return _decode(model, input_ids, attention_mask, cfg, generator, step_callback, routing=None)
+            return _decode(model, input_ids, attention_mask, cfg, generator, step_callback, None, partner)
         with RoutingCapture(model) as routing:
-            return _decode(model, input_ids, attention_mask, cfg, generator, step_callback, routing)
+            return _decode(model, input_ids, attention_mask, cfg, generator, step_callback, routing, partner)
 
 
 def idle_forward(model, input_ids: torch.Tensor) -> None:
-    """A forward of ``model`` that reaches every module a decoding step reaches (so its engine's weight gathers pair
-    with another process's step) on one token, reading no logits: the cheapest partner of a busier process's step."""
+    """A forward of ``model`` on one token, reading no logits: the partner of another process's step when this
+    process has made no step of its own (its decoding stopped before the first model call)."""
     ids = input_ids[:1, :1]
     mask = torch.zeros(1, 1, 1, 1, dtype=attention_mask_dtype(model), device=ids.device)
     empty = torch.zeros(0, dtype=torch.long, device=ids.device)
@@ -386,8 +393,9 @@ def idle_forward(model, input_ids: torch.Tensor) -> None:
               position_ids=torch.zeros_like(ids), use_cache=False)
 
 
-def _decode(model, input_ids, attention_mask, cfg, generator, step_callback, routing):
-    """:func:`diffusion_generate`'s decoding, recording each step's routing when ``routing`` is a capture."""
+def _decode(model, input_ids, attention_mask, cfg, generator, step_callback, routing, partner):
+    """:func:`diffusion_generate`'s decoding, recording each step's routing when ``routing`` is a capture;
+    ``partner["step"]``: its model call on the canvas, reading nothing (the lock-step idle partner)."""
     config = diffusion_config(model)
     mask_id = config.mask_token_id
     shift = 1 if getattr(config, "diffusion_logit_shift", False) else 0
@@ -441,6 +449,8 @@ def _decode(model, input_ids, attention_mask, cfg, generator, step_callback, rou
         calls = _CanvasCalls(model, key_mask, cfg.cache, shift, mask_dtype, config.num_hidden_layers)
     else:
         calls = _BlockCalls(model, key_mask, cfg.cache, shift, mask_dtype, config.num_hidden_layers, attention_block)
+    nothing = torch.zeros(0, dtype=torch.long, device=device)
+    canvas_in_use = canvas  # the full canvas (``canvas`` is cut to the completion at the end)
     eos_tensor = torch.tensor(eos_ids, device=device)
     steps_per_block = cfg.total_steps // cfg.num_blocks
     schedule = static_schedule(block, steps_per_block) if cfg.unmasking == "static" else None
@@ -449,6 +459,7 @@ def _decode(model, input_ids, attention_mask, cfg, generator, step_callback, rou
     for block_index, (start, end) in enumerate(zip(cuts[:-1], cuts[1:])):
         width = end - start  # the block, or the reference decoder's part of one after the prompt
         calls.start_block(start, end)
+        partner["step"] = lambda: calls(canvas_in_use, nothing, nothing)
         step_in_block = 0
         while True:
             block_masked = canvas[:, start:end] == mask_id

@@ -323,12 +323,12 @@ class DiffusionGemmaRLDFLoss(RLDFLoss):
                                                                          entropy[where[active], n]))
         return loss
 
-    def zero_loss(self, model, inputs, call=None):
-        """A zero through the model (DDP needs a graph): the first row's first recorded state, scored."""
-        batch = dict(inputs, sampled_steps=torch.zeros_like(inputs["sampled_steps"]),
-                     state_canvas=inputs["state_canvas"].clamp_min(0))
-        return self.state_logps(model, batch, torch.zeros(1, dtype=torch.long, device=batch["sampled_steps"].device),
-                                [0]).sum() * 0.0
+    def stand_in(self, inputs) -> dict:
+        """:meth:`RLDFLoss.stand_in` with a canvas a dropped row leaves unset (-1) made valid (the first recorded
+        state of the first row)."""
+        batch = super().stand_in(inputs)
+        batch["state_canvas"] = batch["state_canvas"].clamp_min(0)
+        return batch
 
 
 class DiffusionGemmaTrustRegionLoss(TrustRegionTerms, DiffusionGemmaRLDFLoss):

@@ -71,8 +71,13 @@ class DiffusionLoss(Protocol):
     def chunk_loss(self, model, inputs, steps, call) -> torch.Tensor:
         """The loss of one chunk of sampled steps (one forward)."""
 
+    def stand_in(self, inputs) -> dict:
+        """A one-row, one-state copy of a batch on which any pass of the loss makes exactly one forward's module
+        calls (the lock-step partner of another process's pass: the same pass on it)."""
+
     def zero_loss(self, model, inputs, call=None) -> torch.Tensor:
-        """A zero that still flows through the model, making a real chunk's calls (lock-step padding)."""
+        """A zero that still flows through the model: :meth:`chunk_loss` on :meth:`stand_in` with zero weight
+        (lock-step padding, and DDP's graph when nothing has a target)."""
 
     def metric_sums(self, inputs, call) -> dict:
         """``name -> (sum, count, reduce)`` of the micro-batch's metrics."""

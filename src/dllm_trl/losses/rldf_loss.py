@@ -555,21 +555,39 @@ class RLDFLoss:
             weights = weights / targets.sum(-1, keepdim=True).clamp(min=1)  # the 1/|Ô_t| of Eq. 10
         return (terms * targets * weights).sum()
 
+    def stand_in(self, inputs) -> dict:
+        """A one-row, one-state copy of ``inputs`` on which any pass of this loss makes exactly the module calls, in
+        the same order, of one of its forwards on a real state (SPEC §9): the first row (copied, so that nothing a
+        pass writes reaches ``inputs``), its state 0 (a state of every estimator and of every rollout, dropped rows
+        included) with the first completion position as its only target, and a zero advantage. A subclass whose
+        batch holds values that a dropped row leaves out of range makes them valid here."""
+        rows = inputs["sampled_steps"].shape[0]
+        batch = {key: value[:1].clone() if torch.is_tensor(value) and value.dim() and value.shape[0] == rows else value
+                 for key, value in inputs.items()}
+        batch["sampled_steps"] = torch.zeros(1, 1, dtype=inputs["sampled_steps"].dtype,
+                                             device=inputs["sampled_steps"].device)
+        if "target_mask" in batch:
+            batch["target_mask"].zero_()
+            batch["target_mask"][0, 0, 0] = True
+        if "advantages" in batch:
+            batch["advantages"].zero_()
+        return batch
+
     def zero_loss(self, model, inputs, call: LossCall | None = None):
         """A zero that still flows through the model (DDP needs a graph) when no state has a target; also the idle
-        partner of another process's loss chunk (SPEC §9). It reads one position through the calls a chunk makes
-        (the LM head in checkpointed chunks, the entropy, the sampler's view when ``call`` measures the mismatch),
-        so that an engine gathering each module's weights at each call (ZeRO-3) sees the same calls."""
-        state = inputs["rollout_ids"][:1]
-        read = torch.zeros_like(state, dtype=torch.bool)
-        read[0, 0] = True
-        measured = call is not None and call.sampling_logps is not None
-        view = self._sampling_view_at(model, read, read, state) if measured else None
-        values = completion_token_logps(
-            model, inputs["rollout_prompt_ids"][:1], inputs["rollout_prompt_mask"][:1], state, state, read_mask=read,
-            with_entropy=True, entropy_grad=self.args.entropy_coef != 0.0, extra_view=view,
-        )
-        return values[0].sum() * 0.0
+        partner of another process's loss chunk (SPEC §9). It is :meth:`chunk_loss` itself on :meth:`stand_in`, in a
+        loss call of its own with zero weights and no KL (no metric, record or target count changes), times 0, so
+        that it makes the calls of a real chunk (the head, the entropy, the sampler's view, a trust region's support)
+        in their order, whatever the objective."""
+        batch = self.stand_in(inputs)
+        normalizer = torch.zeros(batch["sampled_steps"].shape, device=batch["sampled_steps"].device)
+        low, high = (0.0, 0.0) if call is None else (call.epsilon_low, call.epsilon_high)
+        own = self.begin(batch, normalizer, 0.0, low, high)
+        records, self.records = getattr(self, "records", None), None  # a trust region's diagnostics: not this
+        try:
+            return self.chunk_loss(model, batch, [0], own) * 0.0
+        finally:
+            self.records = records
 
     # --------------------------------------------------------------------------------------------- metrics
     def metric_sums(self, inputs, call: LossCall) -> dict:

@@ -104,6 +104,14 @@ class TrustRegionTerms:
             call.extra[name][at] = value.detach().to(call.extra[name].dtype)
         return terms
 
+    def stand_in(self, inputs) -> dict:
+        """The loss's stand-in (:meth:`RLDFLoss.stand_in`) with π_old's top-K ids, which a dropped row leaves unset
+        (-1), made valid token ids."""
+        batch = super().stand_in(inputs)
+        if "old_topk_ids" in batch:
+            batch["old_topk_ids"] = batch["old_topk_ids"].clamp_min(0)
+        return batch
+
     def record(self, loss_mask, **tensors):
         if self.records is None:
             return

@@ -418,8 +418,17 @@ class SafeRunMixin:
             yield
             return
 
+        watchdog = []
+
         def note(signum, frame):
+            if self._sigterm_received:  # a second SIGTERM: stop now
+                exit_on_sigterm("a second SIGTERM came")
             self._sigterm_received = True
+            grace = sigterm_grace_seconds()
+            timer = threading.Timer(grace, exit_on_sigterm, (f"the step under way did not end within {grace:g} s",))
+            timer.daemon = True
+            timer.start()
+            watchdog.append(timer)
 
         previous = signal.signal(signal.SIGTERM, note)
         callback = _StopOnSigterm(self)
@@ -427,6 +436,8 @@ class SafeRunMixin:
         try:
             yield
         finally:
+            for timer in watchdog:
+                timer.cancel()
             self.remove_callback(callback)
             signal.signal(signal.SIGTERM, previous)
 
@@ -534,6 +545,38 @@ class SafeRunMixin:
             warn_once(self, ("unscorable reward", name), message + " Logged as rewards/<name>/unscorable_frac; set "
                       "raise_on_unscorable_rewards=True to stop instead.")
         return rewards
+
+
+SIGTERM_GRACE_SECONDS = 20.0
+"""After a SIGTERM, how long the step under way (and the checkpoint save that follows) may take before the process
+exits anyway (143, all threads' stacks on stderr): a process waiting in a collective on a partner that stopped
+never reaches the end of its step. Below torchrun's 30 s between its SIGTERM and its SIGKILL; the environment
+variable ``DLLM_TRL_SIGTERM_GRACE_SECONDS`` changes it (e.g. where a save takes longer and nothing kills)."""
+
+
+def sigterm_grace_seconds() -> float:
+    """:data:`SIGTERM_GRACE_SECONDS`, or ``DLLM_TRL_SIGTERM_GRACE_SECONDS`` when set (a clear error when not a
+    number)."""
+    value = os.environ.get("DLLM_TRL_SIGTERM_GRACE_SECONDS")
+    if value is None:
+        return SIGTERM_GRACE_SECONDS
+    try:
+        return float(value)
+    except ValueError:
+        message = f"DLLM_TRL_SIGTERM_GRACE_SECONDS={value!r} is not a number of seconds; set it to e.g. 20."
+        raise ValueError(message) from None
+
+
+def exit_on_sigterm(reason: str) -> None:
+    """Leave now with 143 (128 + SIGTERM) after a SIGTERM that the run could not honour at a step's end: ``reason``
+    and every thread's stack (where it waits) on stderr."""
+    import faulthandler
+
+    print(f"SIGTERM: {reason} (waiting in a collective on a process that stopped?); exiting with 143 without a "
+          "checkpoint. Where each thread was:", file=sys.stderr, flush=True)
+    faulthandler.dump_traceback(all_threads=True)
+    sys.stderr.flush()
+    os._exit(143)
 
 
 class _StopOnSigterm(TrainerCallback):

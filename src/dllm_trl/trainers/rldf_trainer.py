@@ -182,9 +182,11 @@ class RLDFTrainer(SafeRunMixin, GRPOTrainer):
             raise RuntimeError("No rollout to score: _generate_single_turn must run first.")
         old_pass = self._old_pass_pending
         self._old_pass_pending = False
-        with self._forwards_matched(model, self._rollout):
-            logps, extra = self.loss.score_for_policy_pass(model, self._rollout, batch_size=batch_size,
-                                                           old_pass=old_pass)
+        def scoring(batch):
+            return self.loss.score_for_policy_pass(model, batch, batch_size=batch_size, old_pass=old_pass)
+
+        with self._forwards_matched(model, self._rollout, scoring):
+            logps, extra = scoring(self._rollout)
         self._rollout.update(extra)
         return logps, None, None
 
@@ -209,8 +211,11 @@ class RLDFTrainer(SafeRunMixin, GRPOTrainer):
             start = self.accelerator.process_index * rows
             self.loss.drop_rows(output, self._zero_variance_rows()[start : start + rows])
         if self.args.rollout_importance_sampling_correction:  # after the drops: no pass over rows without a state
-            with self._forwards_matched(self.model, output):
-                self.loss.correct_rollout_mismatch(self.model, output, batch_size=self.args.per_device_train_batch_size)
+            def correcting(batch):
+                self.loss.correct_rollout_mismatch(self.model, batch, batch_size=self.args.per_device_train_batch_size)
+
+            with self._forwards_matched(self.model, output, correcting):
+                correcting(output)
 
         # Clean targets (Alg. 3) read π_old, the policy that produced the batch. On-policy, π_old is the policy of
         # the loss forward itself, so that forward may fix them (k forwards per micro-batch); otherwise (or when the
@@ -223,21 +228,31 @@ class RLDFTrainer(SafeRunMixin, GRPOTrainer):
                 output["targets_pending"] = torch.ones(output["sampled_steps"].shape[0], dtype=torch.bool,
                                                        device=output["sampled_steps"].device)
                 return output
-            with torch.no_grad(), self._forwards_matched(self.model, output):
-                old_logps = self.loss.score_states(self.model, output, batch_size=self.args.per_device_train_batch_size)
+
+            def scoring(batch):
+                return self.loss.score_states(self.model, batch, batch_size=self.args.per_device_train_batch_size)
+
+            with torch.no_grad(), self._forwards_matched(self.model, output, scoring):
+                old_logps = scoring(output)
         output["target_mask"] = self.loss.target_mask(output, old_logps, block_size)
         counted = output["target_weight"] if "target_weight" in output else output["target_mask"]
         output["num_target_tokens"] = self.accelerator.gather(counted.sum()).sum()
         return output
 
-    def _forwards_matched(self, model, batch):
-        """Around a no-grad scoring pass, whose forwards a process runs per sampled state it has (dropped rows have
-        none): every process runs as many as the busiest under engines whose forwards are collectives (SPEC §9)."""
+    def _forwards_matched(self, model, batch, scoring):
+        """Around a no-grad scoring pass ``scoring(batch)``, whose forwards a process runs per sampled state it has
+        (dropped rows have none): every process runs as many as the busiest under engines whose forwards are
+        collectives (SPEC §9). The partner of each forward is the same pass on the loss's one-state stand-in of
+        ``batch`` (one forward, the same module calls in the same order: the sampler's view, a trust region's
+        support), its results dropped. The stand-in is taken before the pass, which may add to ``batch``."""
+        lock = LockStep(model)
+        before = self.loss.stand_in(batch) if lock.active else None
+
         def idle():
             with torch.no_grad():
-                self.loss.zero_loss(model, batch)
+                scoring(self.loss.stand_in(before))  # a fresh copy each time: a pass may write to its batch
 
-        return LockStep(model).matched_forwards(model, idle)
+        return lock.matched_forwards(model, idle)
 
     def _zero_variance_rows(self) -> torch.Tensor:
         """(all processes' rows,) bool: the rows of groups whose rewards do not vary (:func:`zero_variance_rows`)."""

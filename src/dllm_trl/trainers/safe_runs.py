@@ -297,5 +297,31 @@ def checking_reward_function(function, name: str):
             return checked_rewards(name, await function(*args, prompts=prompts, **kwargs), len(prompts))
     else:
         def checked(*args, prompts, **kwargs):
-            return checked_rewards(name, function(*args, prompts=prompts, **kwargs), len(prompts))
+            try:
+                rewards, error = checked_rewards(name, function(*args, prompts=prompts, **kwargs), len(prompts)), None
+            except Exception as raised:
+                rewards, error = None, raised
+            stop_together(f"The reward function {name!r}", error)
+            return rewards
     return checked
+
+
+def stop_together(what: str, error: BaseException | None) -> None:
+    """Raise on every process when ``what`` raised on any (``error``: this process's exception, or None), so that no
+    process waits in a collective for one that has stopped: a ``RuntimeError`` naming the processes that failed and
+    their errors, from this process's own. One small exchange between processes when there are several; a single
+    process re-raises its own error unchanged."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        if error is not None:
+            raise error
+        return
+    mine = None if error is None else f"{type(error).__name__}: {error}"
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    failed = [(rank, message) for rank, message in enumerate(everyone) if message is not None]
+    if failed:
+        where = "; ".join(f"process {rank}: {message}" for rank, message in failed)
+        raise RuntimeError(f"{what} raised on {len(failed)} of {len(everyone)} processes ({where}); every process "
+                           "stops here.") from error
