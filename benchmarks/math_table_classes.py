@@ -49,7 +49,8 @@ def main() -> None:
         if f != float(expected) or b != float(expected):
             (rejected if expected else credited)[rule] += 1
             if args.v:
-                print(f"   {'rejected' if expected else 'credited'}: {p!r} vs {g!r} ({rule}: {f}, {b})")
+                short = [x if len(x) <= 80 else x[:60] + f"... ({len(x)} chars)" for x in (p, g)]
+                print(f"   {'rejected' if expected else 'credited'}: {short[0]!r} vs {short[1]!r} ({rule}: {f}, {b})")
     print(f"{'class':22} {'wrong credited':>16} {'right rejected':>16}")
     for rule in dict.fromkeys(r for _, _, _, r in rows):
         print(f"{rule:22} {credited[rule]:>8} of {total[(rule, False)]:<5} {rejected[rule]:>8} of {total[(rule, True)]:<5}")

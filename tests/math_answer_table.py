@@ -727,4 +727,29 @@ ISSUE_42 = [
     (r"\sqrt[3]{-8}+2", "0", T, "principal-root"),
 ]
 
+
+def _long_polynomial(order):
+    """150 terms c x^i y^j (i + j <= 16), written in the given order of the terms."""
+    terms = [(i, j) for i in range(17) for j in range(17 - i)][:150]
+    return "+".join(f"{(7 * i + 3 * j) % 97 + 2}x^{{{i}}}y^{{{j}}}" for i, j in order(terms))
+
+
+_POLY = _long_polynomial(list)
+_POLY_REORDERED = _long_polynomial(lambda ts: ts[1::2] + ts[0::2][::-1])
+_RADICALS = ", ".join(rf"\sqrt{{{p}}}" for p in (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37))
+_RADICALS_OTHER_FORM = ", ".join(rf"\frac{{{p}}}{{\sqrt{{{p}}}}}" for p in (37, 31, 29, 23, 19, 17, 13, 11, 7, 5, 3, 2))
+ISSUE_42 += [
+    # a fair long answer stays inside the time bound: a 150-term polynomial (the LaTeX parser took 12 s for it), a
+    # list of 12 radicals (n^2 sympy comparisons before)
+    (_POLY, _POLY_REORDERED, T, "performance"),
+    (_POLY, "1" + _POLY_REORDERED, F, "performance"),  # one coefficient changed: 5 -> 15
+    (_RADICALS, _RADICALS_OTHER_FORM, T, "performance"),
+    (_RADICALS, _RADICALS_OTHER_FORM.replace(r"\frac{2}{\sqrt{2}}", r"\sqrt{4}"), F, "performance"),
+    ("0." + "3" * 90, r"\frac13", T, "performance"),  # a long decimal keeps its written precision
+    ("(x+1)^{12}", "x^{12}+12x^{11}+66x^{10}+220x^{9}+495x^{8}+792x^{7}+924x^{6}+792x^{5}+495x^{4}+220x^{3}+66x^{2}"
+     "+12x+1", T, "performance"),
+    ("(x+1)^{12}", "x^{12}+12x^{11}+66x^{10}+220x^{9}+495x^{8}+792x^{7}+924x^{6}+792x^{5}+495x^{4}+220x^{3}+66x^{2}"
+     "+12x+2", F, "performance"),
+]
+
 MATH_TABLE += ISSUE_42

@@ -465,7 +465,8 @@ def _parse_scalar(text):
         text = _DOUBLE_FACTORIAL_RE.sub(_double_factorial, text)
         if "!!" in text:
             return None  # n!! of anything but a literal (the parser reads it as (n!)!)
-    poly = _read_polynomial(text) if len(text) >= POLY_MIN_CHARS else None
+    long_poly = len(text) >= POLY_MIN_CHARS and not _LONE_DECIMAL_RE.match(text)  # a decimal keeps its precision
+    poly = _read_polynomial(text) if long_poly else None
     if poly is not None:
         return _Scalar(None, None, poly)  # no decimal-precision rule for a polynomial of 80+ characters
     else:
