@@ -725,6 +725,12 @@ ISSUE_42 = [
     (r"\sqrt{-4}", "-2", F, "principal-root"),
     (r"\sqrt{-4}", "2i", T, "principal-root"),
     (r"\sqrt[3]{-8}+2", "0", T, "principal-root"),
+    ("i^i", r"e^{-\pi/2}", T, "principal-root"),  # the principal value (sympy's 60-digit check, now applied)
+    ("i^i", r"e^{\pi/2}", F, "principal-root"),
+    (r"x \not< 3", r"x \ge 3", T, "latex-command"),
+    ("3\u4e07", "30000", T, "unicode"),
+    ("3\u4e07", "3", F, "unicode"),
+    (r"\sqrt{x^2}", "|x|", F, "limitation-real"),  # sympy's variables are complex: documented limitation
 ]
 
 
