@@ -379,6 +379,8 @@ def _item(s):
     m = m or re.fullmatch(r"(.*?\d)\s+([a-z/]+)", s)
     if m:
         body, word = m.group(1).strip(), m.group(2)
+        if (word in UNIT_LETTERS or word in UNIT_WORDS) and not re.search(r"\d", body):
+            raise Unknown("a unit after a body without a digit (the documented rule drops units only after one)")
         if word in UNIT_LETTERS:
             value = _item(body)
             if value[0] == "never":
@@ -386,8 +388,10 @@ def _item(s):
             if value[0] != "num":
                 raise Unknown("unit letter after a non-number")
             wrapped = s.rstrip().endswith("}")
-            if wrapped or re.fullmatch(r"-?\d+(\.\d+)?", body):
+            if wrapped or re.fullmatch(r"-?\d+(\.\d+)?(?:[eE][-+]?\d{1,3})?", body):  # e-notation is a number
                 return value  # a unit: dropped
+            if re.search(r"(?<=.)[-+]", body):
+                raise Unknown("a variable letter after a sum multiplies its last term only")
             return ("num", _mul(value[1], _form(**{"letter_" + word: 1})), None)  # the problem's variable
         if word in UNIT_WORDS:
             value = _item(body)
@@ -446,7 +450,7 @@ def ref_read(answer):
         s = s[:-1].rstrip()  # a full stop after the answer
     if not s:
         raise Unknown("empty")
-    m = re.fullmatch(r"(-?\d{1,3}(?:,\d{3})+(?:\.\d+)?)((?:\s*\\(?:text|mathrm|mbox)\{[a-z/ ]*\}|\s+[a-z/ ]+)?)", s)
+    m = re.fullmatch(r"(-?\d{1,3}(?:,\d{3})+(?:\.\d+)?)\.?((?:\s*\\(?:text|mathrm|mbox)\{[a-z/ ]*\}|\s+[a-z/ ]+)?)", s)
     if m:  # thousands separators: the whole answer is one number (a trailing word aside)
         s = m.group(1).replace(",", "") + m.group(2)
     if re.search(r"\d \d", s):

@@ -255,8 +255,11 @@ _TEXT_TAIL_RE = re.compile(r"\\" + _TEXT_CMDS + r"\s*\{([^{}]{0,80})\}\s*(" + _U
 _PLAIN_TAIL_RE = re.compile(r"(?<=[\d}).%])\s+([A-Za-z][A-Za-z\s./]{0,60}?(?:" + _UNIT_POWER + r")?)\s*$")
 # letters only (single letters, a power aside): "s", "m s^{-1}" -- a unit only after a plain number
 _LETTERS_PHRASE_RE = re.compile(r"[A-Za-z]\.?(?:[\s/]+[A-Za-z]\.?)*\s*(?:" + _UNIT_POWER + ")?")
-# a plain number, perhaps after "\$" or an assigned name: "12", "-3.5", "\$4", "x = 5"
-_PLAIN_PREFIX_RE = re.compile(r"(?:[A-Za-z]\s*=\s*)?(?:\\\$)?\s*[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?")
+# a plain number (the last item of a list), perhaps after "\$" or an assigned name: "12", "-3.5", "2e-3", "x = 5", "x_1 = 3"
+_PLAIN_PREFIX_RE = re.compile(
+    r"(?:[A-Za-z](?:_\{?\w+\}?)?\s*=\s*)?(?:\\\$)?\s*[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?"
+    r"(?:[eE][-+]?\d{1,3})?"
+)
 # the unit letters (the SI symbols a single letter may be)
 UNIT_LETTERS = frozenset("mgshlL")
 _PLAIN_NUMBER_RE = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|[-+]?\.\d+")
@@ -302,8 +305,9 @@ def _trailing_words(s: str, wrapped: bool, variables: frozenset = frozenset()) -
     if not re.search(r"\d", prefix):
         return s
     kind, factor = _classify_phrase(phrase)
+    last_item = prefix.rsplit(",", 1)[-1].strip().rstrip(".")
     if kind == "unit" and _LETTERS_PHRASE_RE.fullmatch(phrase) and (
-        (not wrapped and not _PLAIN_PREFIX_RE.fullmatch(prefix)) or variables & set(re.findall(r"[A-Za-z]", phrase))
+        (not wrapped and not _PLAIN_PREFIX_RE.fullmatch(last_item)) or variables & set(re.findall(r"[A-Za-z]", phrase))
     ):
         # after anything but a plain number ("\frac{\sqrt3}{4} s^2", "2x + 3 m"), a plain letter is the problem's
         # variable, and so is a unit letter that the other answer uses as a variable ("4 s" against "4s")
@@ -679,6 +683,7 @@ def _normalize(s: Any, variables: frozenset = frozenset()) -> str:
     s = _trailing_words(s.strip(), False, variables)
     if _REFUSED in s:
         return s
+    s = s.rstrip().rstrip(".").rstrip()  # a full stop before the dropped unit: "1,250. s"
     # leading "x \in" (an assignment "x = 5" keeps its name)
     m = _LEADING_MEMBER_RE.match(s)
     if m is not None and "=" not in m.group("rest"):
