@@ -584,3 +584,178 @@ MATH_TABLE = [
     (",", "5", F, "malformed"),
     ("1,,2", "1,2", F, "malformed"),
 ]
+
+
+# --- issue 42: the fourth red team (rows of this project's own; the rule field names the class) ---------------------
+ISSUE_42 = [
+    # multiplier words, from a table in any language the answers use; a plural multiplies only where the language
+    # counts with it (lakhs, crores, millones, milliards); elsewhere (thousands, myriads, millions) it refuses
+    (r"3\text{ crores}", "3", F, "multiplier-word"),
+    (r"3\text{ crores}", "30000000", T, "multiplier-word"),
+    (r"3\text{ crore}", "30000000", T, "multiplier-word"),
+    (r"2\text{ lakhs}", "2", F, "multiplier-word"),
+    (r"2\text{ lakhs}", "200000", T, "multiplier-word"),
+    (r"2.5\text{ lakh}", "250000", T, "multiplier-word"),
+    ("7 lakh", "7", F, "multiplier-word"),
+    (r"4\text{ myriad}", "40000", T, "multiplier-word"),
+    (r"4\text{ myriads}", "4", F, "multiplier-word"),
+    (r"4\text{ myriads}", "40000", F, "multiplier-word"),
+    (r"3\text{ millones}", "3", F, "multiplier-word"),
+    (r"3\text{ millones}", "3000000", T, "multiplier-word"),
+    (r"2\text{ milliards}", "2", F, "multiplier-word"),
+    (r"2\text{ milliard}", "2000000000", T, "multiplier-word"),
+    (r"5\text{ hundred thousand}", "500000", T, "multiplier-word"),
+    ("5 hundred thousand", "#### 500000", T, "multiplier-word"),
+    (r"5\text{ hundred thousand}", "5", F, "multiplier-word"),
+    (r"2\text{ thousand crore}", "20000000000", T, "multiplier-word"),
+    (r"5\text{ thousand hundred}", "500000", F, "multiplier-word"),
+    (r"1.2\text{ hundred thousand dollars}", "120000", T, "multiplier-word"),
+    (r"50\text{ per cent}", r"50\%", T, "multiplier-word"),
+    (r"50\text{ per cent}", "0.5", T, "multiplier-word"),
+    ("50 per cent", "5", F, "multiplier-word"),
+    (r"12.5\text{ per cent}", r"\frac18", T, "multiplier-word"),
+    # a letter after a closed form is the problem's variable, not a unit; a unit letter the other answer uses as a
+    # variable is that variable
+    (r"\frac{\sqrt3}{4} s", r"\frac{\sqrt3}{4} s^2", F, "unit-or-variable"),
+    (r"\frac{\sqrt3}{4} s^2", r"\frac{\sqrt3}{4}s^2", T, "unit-or-variable"),
+    (r"\frac{\sqrt{3}}{4} s^2", r"\frac{\sqrt{3}}{4}", F, "unit-or-variable"),
+    (r"\frac{1}{2} h", r"\frac12", F, "unit-or-variable"),
+    (r"\frac12 h", r"\frac{h}{2}", T, "unit-or-variable"),
+    (r"2\pi s", r"2\pi", F, "unit-or-variable"),
+    (r"\sqrt{2} m", r"m\sqrt2", T, "unit-or-variable"),
+    ("4 s", "4s", T, "unit-or-variable"),
+    ("3 s", "3s^2", F, "unit-or-variable"),
+    ("12 m", "12", T, "unit-or-variable"),
+    (r"5\text{ s}", "5", T, "unit-or-variable"),
+    # sets of sets: a set's elements keep their braces (a one-element set is its element only as the whole answer)
+    (r"\{\{1\},\{2\}\}", r"\{1,2\}", F, "set-of-sets"),
+    (r"\{\{1\},\{2\}\}", r"\{\{2\},\{1\}\}", T, "set-of-sets"),
+    (r"\{\{1,2\}\}", r"\{1,2\}", F, "set-of-sets"),
+    (r"\{1,\{2\}\}", r"\{1,2\}", F, "set-of-sets"),
+    (r"\{1\}, \{2\}", "1, 2", F, "set-of-sets"),
+    (r"\{\{1\},\{2\},\{1\}\}", r"\{\{1\},\{2\}\}", T, "set-of-sets"),
+    (r"\{\emptyset, \{1\}\}", r"\{\{1\}, \varnothing\}", T, "set-of-sets"),
+    (r"\{(1,2)\}", "(1,2)", T, "set-of-sets"),
+    # indeterminate forms are equal to nothing, like a division by zero
+    (r"\infty^0", "1", F, "indeterminate"),
+    (r"\infty^{0}", r"\infty^{0}", F, "indeterminate"),
+    ("0^0", "1", F, "indeterminate"),
+    ("0^{0}", "0^{0}", F, "indeterminate"),
+    ("(1-1)^0", "1", F, "indeterminate"),
+    (r"1^{\infty}", "1", F, "indeterminate"),
+    (r"\infty-\infty", "0", F, "indeterminate"),
+    (r"0\cdot\infty", "0", F, "indeterminate"),
+    ("2^0", "1", T, "indeterminate"),
+    ("0^2", "0", T, "indeterminate"),
+    # mixed numbers only between a plain integer and a fraction of integers
+    (r"(2)\frac12", "2.5", F, "mixed-number"),
+    (r"(2)\frac12", "1", T, "mixed-number"),
+    (r"{2}\frac{1}{2}", "1", T, "mixed-number"),
+    (r"\frac{2}{1}\frac{1}{2}", "2.5", F, "mixed-number"),
+    (r"\frac{2}{1}\frac{1}{2}", "1", T, "mixed-number"),
+    (r"-2\frac12", "-2.5", T, "mixed-number"),
+    (r"3-2\frac12", "0.5", T, "mixed-number"),
+    (r"x2\frac12", r"\frac{5x}{2}", F, "mixed-number"),
+    (r"2\frac12 x", "x", F, "mixed-number"),
+    # unicode: superscripts, subscripts, radicals, digits of other scripts, operators
+    ("x\u00b2", "x^2", T, "unicode"),
+    ("x\u00b2", "x^3", F, "unicode"),
+    ("x\u00b2+2x+1", "(x+1)^2", T, "unicode"),
+    ("x\u207b\u00b9", r"\frac{1}{x}", T, "unicode"),
+    ("2\u00b9\u2070", "1024", T, "unicode"),
+    ("x\u2081 = 3, x\u2082 = 2", "x_1 = 3, x_2 = 2", T, "unicode"),
+    ("\u221a2", r"\sqrt2", T, "unicode"),
+    ("\u221a2", "2", F, "unicode"),
+    ("2\u221a3", r"\sqrt{12}", T, "unicode"),
+    ("\u221a(x+1)", r"\sqrt{x+1}", T, "unicode"),
+    ("\u221b8", "2", T, "unicode"),
+    ("\u0663", "3", T, "unicode"),
+    ("\u0664\u0662", "42", T, "unicode"),
+    ("\u0664\u0662", "24", F, "unicode"),
+    ("\u06f1\u06f2", "12", T, "unicode"),
+    ("\u0663\u066b\u0665", "3.5", T, "unicode"),
+    ("\u096a\u0968", "42", T, "unicode"),
+    ("\U0001d7d1", "3", T, "unicode"),
+    ("\U0001d7d2\U0001d7d0", "42", T, "unicode"),
+    ("\U0001d7d0", "3", F, "unicode"),
+    ("\uff14\uff12", "42", T, "unicode"),
+    ("3\u00d74", "12", T, "unicode"),
+    ("6\u00f72", "3", T, "unicode"),
+    ("3\u00b74", "12", T, "unicode"),
+    ("\u00b12", "2, -2", T, "unicode"),
+    ("\u2212x", "-x", T, "unicode"),
+    ("\u03b8 = 2", r"\theta = 2", T, "unicode"),
+    # LaTeX commands
+    (r"\textcolor{red}{5}", "5", T, "latex-command"),
+    (r"\textcolor{red}{5}", "6", F, "latex-command"),
+    (r"{\color{blue} 7}", "7", T, "latex-command"),
+    (r"\nicefrac{1}{2}", "0.5", T, "latex-command"),
+    (r"\nicefrac{3}{4}", r"\frac34", T, "latex-command"),
+    (r"\sfrac{3}{4}", "0.75", T, "latex-command"),
+    (r"\nicefrac{1}{2}", "2", F, "latex-command"),
+    (r"x \not= 3", r"x \neq 3", T, "latex-command"),
+    (r"x \not= 3", r"(-\infty,3)\cup(3,\infty)", T, "latex-command"),
+    (r"x \not= 3", "x = 3", F, "latex-command"),
+    # set-builder notation and compound inequalities are sets
+    (r"\{x \mid x > 0\}", r"(0,\infty)", T, "set-builder"),
+    (r"\{x \mid x > 0\}", r"[0,\infty)", F, "set-builder"),
+    (r"\{x : x \ge 1\}", r"[1,\infty)", T, "set-builder"),
+    (r"\{x \in \mathbb{R} \mid x < 3\}", r"(-\infty, 3)", T, "set-builder"),
+    (r"\{x \mid -1 < x < 2\}", "(-1, 2)", T, "set-builder"),
+    (r"\{x \mid x \neq 0\}", r"(-\infty,0)\cup(0,\infty)", T, "set-builder"),
+    (r"\{x \mid x > 2 \text{ and } x < 5\}", "(2, 5)", T, "set-builder"),
+    (r"x > 2 \text{ and } x < 5", "(2,5)", T, "compound-inequality"),
+    (r"x \ge 2 \text{ and } x < 5", "[2,5)", T, "compound-inequality"),
+    (r"x > 2 \text{ and } x < 5", r"(2,\infty)", F, "compound-inequality"),
+    (r"x > 2 \text{ and } x < 5", r"(-\infty,\infty)", F, "compound-inequality"),
+    (r"x > 2 \land x < 5", "(2,5)", T, "compound-inequality"),
+    (r"x < 1 \text{ or } x > 3", r"(-\infty,1)\cup(3,\infty)", T, "compound-inequality"),
+    # a unit with a negative power
+    (r"10\,\text{s}^{-1}", "10", T, "unit-power"),
+    (r"10\,\text{s}^{-1}", "11", F, "unit-power"),
+    (r"9.8\text{ m s}^{-2}", "9.8", T, "unit-power"),
+    (r"3\text{ cm}^{-3}", "3", T, "unit-power"),
+    # principal roots: the real odd root of a negative number is accepted too
+    (r"\sqrt[3]{-8}", "-2", T, "principal-root"),
+    (r"\sqrt[3]{-8}", "2", F, "principal-root"),
+    (r"\sqrt[3]{-27}", "-3", T, "principal-root"),
+    (r"\sqrt[5]{-32}", "-2", T, "principal-root"),
+    (r"\sqrt[3]{-8}", r"1+\sqrt{3}i", T, "principal-root"),
+    (r"2\sqrt[3]{-1}", "-2", T, "principal-root"),
+    (r"\sqrt{-4}", "-2", F, "principal-root"),
+    (r"\sqrt{-4}", "2i", T, "principal-root"),
+    (r"\sqrt[3]{-8}+2", "0", T, "principal-root"),
+    ("i^i", r"e^{-\pi/2}", T, "principal-root"),  # the principal value (sympy's 60-digit check, now applied)
+    ("i^i", r"e^{\pi/2}", F, "principal-root"),
+    (r"x \not< 3", r"x \ge 3", T, "latex-command"),
+    ("3\u4e07", "30000", T, "unicode"),
+    ("3\u4e07", "3", F, "unicode"),
+    (r"\sqrt{x^2}", "|x|", F, "limitation-real"),  # sympy's variables are complex: documented limitation
+]
+
+
+def _long_polynomial(order):
+    """150 terms c x^i y^j (i + j <= 16), written in the given order of the terms."""
+    terms = [(i, j) for i in range(17) for j in range(17 - i)][:150]
+    return "+".join(f"{(7 * i + 3 * j) % 97 + 2}x^{{{i}}}y^{{{j}}}" for i, j in order(terms))
+
+
+_POLY = _long_polynomial(list)
+_POLY_REORDERED = _long_polynomial(lambda ts: ts[1::2] + ts[0::2][::-1])
+_RADICALS = ", ".join(rf"\sqrt{{{p}}}" for p in (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37))
+_RADICALS_OTHER_FORM = ", ".join(rf"\frac{{{p}}}{{\sqrt{{{p}}}}}" for p in (37, 31, 29, 23, 19, 17, 13, 11, 7, 5, 3, 2))
+ISSUE_42 += [
+    # a fair long answer stays inside the time bound: a 150-term polynomial (the LaTeX parser took 12 s for it), a
+    # list of 12 radicals (n^2 sympy comparisons before)
+    (_POLY, _POLY_REORDERED, T, "performance"),
+    (_POLY, "1" + _POLY_REORDERED, F, "performance"),  # one coefficient changed: 5 -> 15
+    (_RADICALS, _RADICALS_OTHER_FORM, T, "performance"),
+    (_RADICALS, _RADICALS_OTHER_FORM.replace(r"\frac{2}{\sqrt{2}}", r"\sqrt{4}"), F, "performance"),
+    ("0." + "3" * 90, r"\frac13", T, "performance"),  # a long decimal keeps its written precision
+    ("(x+1)^{12}", "x^{12}+12x^{11}+66x^{10}+220x^{9}+495x^{8}+792x^{7}+924x^{6}+792x^{5}+495x^{4}+220x^{3}+66x^{2}"
+     "+12x+1", T, "performance"),
+    ("(x+1)^{12}", "x^{12}+12x^{11}+66x^{10}+220x^{9}+495x^{8}+792x^{7}+924x^{6}+792x^{5}+495x^{4}+220x^{3}+66x^{2}"
+     "+12x+2", F, "performance"),
+]
+
+MATH_TABLE += ISSUE_42

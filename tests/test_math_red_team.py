@@ -61,9 +61,17 @@ class Undefined(Exception):
 NEVER = ("never",)  # an answer equal to nothing (undefined, refused)
 
 UNIT_WORDS = {"cm", "meters", "dollars", "degrees", "units", "inches", "apples", "hours", "km/h", "square units"}
-MULTIPLIERS = {"hundred": 100, "thousand": 1000, "million": 10**6, "billion": 10**9, "dozen": 12}
+MULTIPLIERS = {"hundred": 100, "thousand": 1000, "million": 10**6, "billion": 10**9, "dozen": 12,
+               # issue 42: the multipliers of other languages, plurals where the language counts with them, runs
+               "lakh": 10**5, "lakhs": 10**5, "crore": 10**7, "crores": 10**7, "myriad": 10**4, "milliard": 10**9,
+               "milliards": 10**9, "millones": 10**6, "hundred thousand": 10**5, "thousand crore": 10**10}
 REFUSED_WORDS = {"squared", "cubed", "half", "halves", "tens", "thousands", "millions", "quarter", "thirds",
-                 "twelfths", "sevenths", "sixteenths", "twentieths", "elevens"}  # also outside the reward's list
+                 "twelfths", "sevenths", "sixteenths", "twentieths", "elevens",  # also outside the reward's list
+                 "myriads", "thousand hundred"}
+UNIT_LETTERS = {"s", "m", "g", "h"}  # a unit after a plain number (or in a text wrapper), else the problem's variable
+# digits of other scripts (issue 42): Arabic-Indic, extended Arabic-Indic, Devanagari, fullwidth, mathematical bold
+DIGIT_SCRIPTS = (0x0660, 0x06F0, 0x0966, 0xFF10, 0x1D7CE)
+SUPERSCRIPT_DIGITS = "\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079"
 SYMBOLS = {"i": "i", "e": "e", "x": "x", "\\pi": "pi", "\\euler": "e"}  # \euler: \mathrm{e} as the reference reads it
 MINUS_LOOKALIKES = "\u2010\u2011\u2012\u2013\u2212\ufe63\uff0d"
 VULGAR = {"½": Fraction(1, 2), "⅓": Fraction(1, 3), "⅔": Fraction(2, 3), "¼": Fraction(1, 4), "¾": Fraction(3, 4),
@@ -193,8 +201,8 @@ class _Expr:
             b, n = _const(base), _const(e)
             if b is None or n is None or n.denominator != 1 or abs(n) > 64:
                 raise Unknown("power")
-            if b == 0 and n < 0:
-                raise Undefined
+            if b == 0 and n <= 0:
+                raise Undefined  # a division by zero, or the indeterminate 0^0 (issue 42)
             base = _form(b ** int(n))
         return base
 
@@ -371,6 +379,20 @@ def _item(s):
     m = m or re.fullmatch(r"(.*?\d)\s+([a-z/]+)", s)
     if m:
         body, word = m.group(1).strip(), m.group(2)
+        if (word in UNIT_LETTERS or word in UNIT_WORDS) and not re.search(r"\d", body):
+            raise Unknown("a unit after a body without a digit (the documented rule drops units only after one)")
+        if word in UNIT_LETTERS:
+            value = _item(body)
+            if value[0] == "never":
+                return value
+            if value[0] != "num":
+                raise Unknown("unit letter after a non-number")
+            wrapped = s.rstrip().endswith("}")
+            if wrapped or re.fullmatch(r"-?\d+(\.\d+)?(?:[eE][-+]?\d{1,3})?", body):  # e-notation is a number
+                return value  # a unit: dropped
+            if re.search(r"(?<=.)[-+]", body):
+                raise Unknown("a variable letter after a sum multiplies its last term only")
+            return ("num", _mul(value[1], _form(**{"letter_" + word: 1})), None)  # the problem's variable
         if word in UNIT_WORDS:
             value = _item(body)
             if value[0] not in ("num", "never"):
@@ -410,6 +432,11 @@ def ref_read(answer):
     s = answer
     for ch in MINUS_LOOKALIKES:
         s = s.replace(ch, "-")
+    for base in DIGIT_SCRIPTS:  # a digit of any script is that digit
+        for d in range(10):
+            s = s.replace(chr(base + d), str(d))
+    s = re.sub("[" + SUPERSCRIPT_DIGITS + "]+", lambda m: "^{%s}" % "".join(str(SUPERSCRIPT_DIGITS.index(c))
+                                                                          for c in m.group(0)), s)
     s = re.sub(r"(?<=\d)\\,(?=\d{3}(?!\d))", "", s)  # a thin space between 3-digit groups: thousands
     s = re.sub(r"\\frac\s*(\d)\s*(\d)(?!\d)", r"\\frac{\1}{\2}", s)  # \frac1 3 is \frac{1}{3}, as TeX reads it
     s = re.sub(r"\\[,;:]", " ", s)  # LaTeX spacing
@@ -423,7 +450,7 @@ def ref_read(answer):
         s = s[:-1].rstrip()  # a full stop after the answer
     if not s:
         raise Unknown("empty")
-    m = re.fullmatch(r"(-?\d{1,3}(?:,\d{3})+(?:\.\d+)?)((?:\s*\\(?:text|mathrm|mbox)\{[a-z/ ]*\}|\s+[a-z/ ]+)?)", s)
+    m = re.fullmatch(r"(-?\d{1,3}(?:,\d{3})+(?:\.\d+)?)\.?((?:\s*\\(?:text|mathrm|mbox)\{[a-z/ ]*\}|\s+[a-z/ ]+)?)", s)
     if m:  # thousands separators: the whole answer is one number (a trailing word aside)
         s = m.group(1).replace(",", "") + m.group(2)
     if re.search(r"\d \d", s):
@@ -741,7 +768,10 @@ def m_repeating(s, rng):
         return None
     q = Fraction(m.group(0))
     unit = Fraction(1, 10 ** len(m.group(2) or ""))
-    whole, fixed, _ = _decimal_digits(q - unit, 20)
+    parts = _decimal_digits(q - unit, 20)
+    if parts is None:
+        return None  # more digits than the mutation writes (a long decimal seed)
+    whole, fixed, _ = parts
     fixed = fixed.ljust(len(m.group(2) or ""), "0")
     return _sub_at(s, m, f"{whole}.{fixed}" + rng.choice(["\\overline{9}", "\\bar9", "\\dot{9}"]))
 
@@ -798,6 +828,26 @@ def m_names(s, rng):
     return ", ".join(parts)
 
 
+def m_script_digits(s, rng):
+    """A number written with the digits of another script (issue 42): the value is kept."""
+    m = _pick(rng, r"\d+", s)
+    base = rng.choice(DIGIT_SCRIPTS)
+    return m and _sub_at(s, m, "".join(chr(base + int(d)) for d in m.group(0)))
+
+
+def m_superscript(s, rng):
+    """An integer exponent written as unicode superscripts: ``2^{10}`` as ``2¹⁰`` (issue 42)."""
+    m = _pick(rng, r"\^(?:\{(\d+)\}|(\d))", s)
+    return m and _sub_at(s, m, "".join(SUPERSCRIPT_DIGITS[int(d)] for d in (m.group(1) or m.group(2))))
+
+
+def m_unit_letter(s, rng):
+    """A unit letter appended (issue 42): after a plain number, or in a text wrapper, a unit (kept value); plain after
+    anything else, the problem's variable (a changed value)."""
+    letter = rng.choice(sorted(UNIT_LETTERS))
+    return s + rng.choice([" %s", r"\,\text{%s}", r"\text{ %s}", " %s"]) % letter
+
+
 MUTATIONS = {
     "digit": m_digit, "minus-drop": m_minus_drop, "minus-insert": m_minus_insert, "frac-swap": m_frac_swap,
     "divide-by-zero": m_divide_by_zero, "append-symbol": m_append_symbol, "wrap-text": m_wrap_text,
@@ -806,6 +856,7 @@ MUTATIONS = {
     "thousands": m_thousands, "whitespace": m_whitespace, "implicit-product": m_implicit_product,
     "add-zero": m_add_zero, "choice": m_choice, "product-split": m_product_split,
     "repeating": m_repeating, "base": m_base, "euler-e": m_euler, "digit-space": m_digit_space, "names": m_names,
+    "script-digits": m_script_digits, "superscript": m_superscript, "unit-letter": m_unit_letter,
 }
 
 

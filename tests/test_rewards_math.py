@@ -469,3 +469,52 @@ def test_math_verify_cases_every_disagreement_classified():
     spec.loader.exec_module(tables)
     assert len(tables.MATH_VERIFY_CASES) >= 200
     assert tables.math_verify_table(math_reward) == 0
+
+
+def test_long_fair_answers_stay_inside_the_time_bound():
+    """A 150-term polynomial against its reordering and a list of 12 radicals against another form of each, in
+    another order: right answers that ran into the bound (the LaTeX parser took ~12 s for the polynomial; the list
+    made 144 sympy comparisons), now well inside a 2 s bound; the changed versions are still refused."""
+    from .math_answer_table import _POLY, _POLY_REORDERED, _RADICALS, _RADICALS_OTHER_FORM
+
+    assert math_answers_equal("1", "1.0")  # the pool started and warm (sympy imported): not part of the bound
+    t0 = time.monotonic()
+    assert math_answers_equal(_POLY, _POLY_REORDERED, timeout=2.0) is True
+    assert math_answers_equal(_RADICALS, _RADICALS_OTHER_FORM, timeout=2.0) is True
+    assert math_answers_equal(_POLY, "1" + _POLY_REORDERED, timeout=2.0) is False
+    assert math_answers_equal(_RADICALS, _RADICALS_OTHER_FORM.replace(r"\frac{2}{\sqrt{2}}", "2"), timeout=2.0) is False
+    elapsed = time.monotonic() - t0
+    assert elapsed < 6.0, elapsed
+
+
+def test_polynomial_reader_agrees_with_the_latex_parser():
+    """The canonical form of _read_polynomial (the long-polynomial path) against the LaTeX parser on random
+    polynomials: the same value (sympy proves the difference 0), and it refuses what is outside its grammar."""
+    import random
+
+    import sympy
+
+    from dllm_trl.rewards import _math_worker as w
+
+    rng = random.Random(7)
+    parser, _ = w._backends()
+    for _ in range(40):
+        def factor():
+            kind = rng.random()
+            if kind < 0.4:
+                return rng.choice("xyzab") + (f"^{{{rng.randint(0, 4)}}}" if rng.random() < 0.5 else "")
+            if kind < 0.7:
+                return str(rng.randint(1, 30)) + (f".{rng.randint(1, 9)}" if rng.random() < 0.2 else "")
+            return "(" + "+".join(rng.choice("xy") for _ in range(2)) + ")" + (f"^{rng.randint(0, 3)}" if rng.random() < 0.5 else "")
+        terms = []
+        for _ in range(rng.randint(1, 6)):
+            first = factor()
+            rest = "".join(f for f in (factor() for _ in range(rng.randint(0, 2))) if not f[0].isdigit())
+            terms.append(rng.choice(["", "-", "+"]) + first + rest)
+        text = terms[0] + "".join(rng.choice("+-") + t.lstrip("+-") for t in terms[1:])
+        poly = w._read_polynomial(text)
+        assert poly is not None, text
+        parsed = w._doit(parser(w._IMPLICIT_PRODUCT_RE.sub(r"\1\\cdot ", text)))
+        assert sympy.expand(w._polynomial_expr(poly) - parsed) == 0, text
+    for outside in ["x^23", "2e+x", "1+i", "x_1+2", r"\sqrt{x}+1", "x2", "(2)3", "x/2", "0^{0}", "(x-x)^{0}", "x^{-1}"]:
+        assert w._read_polynomial(outside) is None, outside

@@ -158,14 +158,22 @@ _UNIT_WORDS = frozenset(
 )
 _UNIT_MODIFIERS = frozenset({"square", "sq", "cubic", "cu"})
 _UNIT_CONNECTIVES = frozenset({"per"})
-# number words: a multiplier multiplies a plain number in front of it (5 million = 5000000); any other number word
-# makes the answer equal to nothing (3 squared, 2 halves, 5 thousands are refused, never read as 3, 2 or 5)
-_MULTIPLIERS = {"hundred": 100, "thousand": 1000, "million": 10**6, "billion": 10**9, "trillion": 10**12, "dozen": 12}
+# number words: a multiplier multiplies a plain number in front of it (5 million = 5000000, 3 crore = 30000000,
+# 5 hundred thousand = 500000: a run of multipliers, each larger than the one before, multiplies by their product);
+# any other number word makes the answer equal to nothing (3 squared, 2 halves, 5 thousands are refused, never read
+# as 3, 2 or 5). The table holds the multipliers of the languages the answers use (English, Indian English, Spanish,
+# French), each with the number it means; a plural multiplies only where the language counts with it (3 crores,
+# 2 lakhs, 3 millones, 2 milliards); elsewhere (thousands, millions, myriads) it is a number word and refuses
+_MULTIPLIERS = {
+    "hundred": 100, "thousand": 1000, "myriad": 10**4, "lakh": 10**5, "lac": 10**5, "million": 10**6,
+    "crore": 10**7, "milliard": 10**9, "billion": 10**9, "trillion": 10**12, "quadrillion": 10**15, "dozen": 12,
+    "mille": 1000,
+}
+_PLURAL_MULTIPLIERS = {"lakhs": 10**5, "lacs": 10**5, "crores": 10**7, "millones": 10**6, "milliards": 10**9}
 _CARDINALS = (
     "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen "
-    "eighteen nineteen twenty thirty forty fifty sixty seventy eighty ninety hundred thousand million billion "
-    "trillion dozen score gross"
-).split()
+    "eighteen nineteen twenty thirty forty fifty sixty seventy eighty ninety score gross"
+).split() + list(_MULTIPLIERS)
 _NUMBER_WORDS = frozenset(
     _CARDINALS
     + [w + "s" for w in _CARDINALS if not w.endswith("x") and not w.endswith("y")] + ["sixes", "twenties", "thirties",
@@ -175,6 +183,7 @@ _NUMBER_WORDS = frozenset(
     ninth ninths tenth tenths hundredth hundredths thousandth thousandths millionth millionths
     squared cubed square cube percent percents pct factorial double triple twice thrice
     """.split()
+    + list(_PLURAL_MULTIPLIERS)
 )
 _PHRASE_WORD_RE = re.compile(r"[A-Za-z]+\.?")
 # stems of the cardinals and ordinals: a word made of one (plus "th", "ths", "s", "ieth", "ieths") is a number word
@@ -194,7 +203,9 @@ def _is_number_word(lw: str) -> bool:
     return False
 
 
-_PHRASE_TEXT_RE = re.compile(r"[A-Za-z][A-Za-z\s./]{0,60}(?:\^\{?[23]\}?)?")
+# the power a unit may carry: ^2, ^3, ^{2}, ^{-1}, ^{-2}, ^{-3} (s^{-1}, m^{-3})
+_UNIT_POWER = r"\^\s*(?:[23]|\{\s*-?[1-3]\s*\})"
+_PHRASE_TEXT_RE = re.compile(r"[A-Za-z][A-Za-z\s./]{0,60}(?:" + _UNIT_POWER + ")?")
 
 
 def _is_unit(word: str) -> bool:
@@ -214,17 +225,23 @@ def _classify_phrase(phrase: str) -> tuple[str, int]:
     """``("unit", 0)`` for a unit phrase (``cm``, ``km/h``, ``square units``, ``miles per hour``, ``m/s^2``),
     ``("multiplier", k)`` for a multiplier optionally followed by units (``million``, ``million dollars``),
     ``("number", 0)`` for a phrase with another number word, ``("other", 0)`` for anything else (kept as written)."""
-    body = re.sub(r"\^\{?[23]\}?", " ", phrase)
+    body = re.sub(_UNIT_POWER, " ", phrase)
     words = [w for w in re.split(r"[\s/]+", body) if w]
     if not words or not all(_PHRASE_WORD_RE.fullmatch(w) for w in words):
         return "other", 0
     lowered = [w.rstrip(".").lower() for w in words]
-    multiplier = _MULTIPLIERS.get(lowered[0]) if words[0].islower() else None
-    rest = words[1:] if multiplier is not None else words
-    rest_lower = lowered[1:] if multiplier is not None else lowered
+    multiplier, k = 1, 0
+    while k < len(words) and words[k].islower():
+        value = _MULTIPLIERS.get(lowered[k]) or _PLURAL_MULTIPLIERS.get(lowered[k])
+        if value is None:
+            break
+        if k and value <= last:
+            return "number", 0  # "thousand hundred": not a run of growing multipliers, refused
+        multiplier, last, k = multiplier * value, value, k + 1
+    rest, rest_lower = words[k:], lowered[k:]
     units = [w for w, lw in zip(rest, rest_lower) if lw not in _UNIT_MODIFIERS and lw not in _UNIT_CONNECTIVES]
-    if all(_is_unit(w) for w in units) and (units or multiplier is not None):
-        if multiplier is not None:
+    if all(_is_unit(w) for w in units) and (units or k):
+        if k:
             return "multiplier", multiplier
         return "unit", 0
     if any(_is_number_word(lw) for lw in lowered):
@@ -234,8 +251,17 @@ def _classify_phrase(phrase: str) -> tuple[str, int]:
 
 _TEXT_CMDS = r"(?:text|textrm|textnormal|textbf|textit|textsf|texttt|mbox|mathrm|mathbf|mathit|mathsf|operatorname)"
 _TEXT_RE = re.compile(r"\\" + _TEXT_CMDS + r"\s*\{")
-_TEXT_TAIL_RE = re.compile(r"\\" + _TEXT_CMDS + r"\s*\{([^{}]{0,80})\}\s*(\^\s*\{?\s*[23]\s*\}?)?\s*$")
-_PLAIN_TAIL_RE = re.compile(r"(?<=[\d}).%])\s+([A-Za-z][A-Za-z\s./]{0,60}?(?:\^\{?[23]\}?)?)\s*$")
+_TEXT_TAIL_RE = re.compile(r"\\" + _TEXT_CMDS + r"\s*\{([^{}]{0,80})\}\s*(" + _UNIT_POWER + r")?\s*$")
+_PLAIN_TAIL_RE = re.compile(r"(?<=[\d}).%])\s+([A-Za-z][A-Za-z\s./]{0,60}?(?:" + _UNIT_POWER + r")?)\s*$")
+# letters only (single letters, a power aside): "s", "m s^{-1}" -- a unit only after a plain number
+_LETTERS_PHRASE_RE = re.compile(r"[A-Za-z]\.?(?:[\s/]+[A-Za-z]\.?)*\s*(?:" + _UNIT_POWER + ")?")
+# a plain number (the last item of a list), perhaps after "\$" or an assigned name: "12", "-3.5", "2e-3", "x = 5", "x_1 = 3"
+_PLAIN_PREFIX_RE = re.compile(
+    r"(?:[A-Za-z](?:_\{?\w+\}?)?\s*=\s*)?(?:\\\$)?\s*[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?"
+    r"(?:[eE][-+]?\d{1,3})?"
+)
+# the unit letters (the SI symbols a single letter may be)
+UNIT_LETTERS = frozenset("mgshlL")
 _PLAIN_NUMBER_RE = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|[-+]?\.\d+")
 
 _REFUSED = "\x00refused"  # the answer is equal to nothing (a number word it does not multiply)
@@ -257,10 +283,12 @@ def _join_spaces(s: str) -> str:
     return s.replace(" ", "").replace("\x01", " ")
 
 
-def _trailing_words(s: str, wrapped: bool) -> str:
+def _trailing_words(s: str, wrapped: bool, variables: frozenset = frozenset()) -> str:
     r"""Apply the trailing-word rule to ``s``: a trailing ``\text{...}``-like phrase (``wrapped``) or a plain phrase
     after a number and a space: units are dropped, a multiplier multiplies a plain number, another number word refuses
-    the answer, anything else stays (a symbol such as ``\mathrm{i}`` is unwrapped later and read as a symbol)."""
+    the answer, anything else stays (a symbol such as ``\mathrm{i}`` is unwrapped later and read as a symbol).
+    A phrase of single letters (``s``, ``m s^{-1}``) is a unit only after a plain number (when plain) and only when
+    none of its letters is in ``variables`` (the letters the other answer uses as variables)."""
     if wrapped:
         m = _TEXT_TAIL_RE.search(s)
         if m is None:
@@ -277,13 +305,13 @@ def _trailing_words(s: str, wrapped: bool) -> str:
     if not re.search(r"\d", prefix):
         return s
     kind, factor = _classify_phrase(phrase)
-    if (
-        not wrapped
-        and kind == "unit"
-        and re.search(r"[A-Za-z]", re.sub(r"\\[A-Za-z]+", "", _E_NOTATION_RE.sub("0", prefix)))
-        and re.fullmatch(r"[A-Za-z]\.?(?:\^\{?[23]\}?)?", phrase)
+    last_item = prefix.rsplit(",", 1)[-1].strip().rstrip(".")
+    if kind == "unit" and _LETTERS_PHRASE_RE.fullmatch(phrase) and (
+        (not wrapped and not _PLAIN_PREFIX_RE.fullmatch(last_item)) or variables & set(re.findall(r"[A-Za-z]", phrase))
     ):
-        return s  # after an expression with letters, a plain single letter is a variable ("2x + 3 m"), not a unit
+        # after anything but a plain number ("\frac{\sqrt3}{4} s^2", "2x + 3 m"), a plain letter is the problem's
+        # variable, and so is a unit letter that the other answer uses as a variable ("4 s" against "4s")
+        return s
     if kind == "unit":
         return prefix
     if kind == "multiplier":
@@ -338,8 +366,144 @@ _ARRAY_BEGIN_RE = re.compile(r"\\begin\s*\{array\}\s*\{[^{}]*\}")
 _MINUS_LOOKALIKES = "\u2010\u2011\u2012\u2013\u2212\ufe63\uff0d"
 _MINUS_TABLE = str.maketrans({c: "-" for c in _MINUS_LOOKALIKES})
 _PERCENT_WORD_RE = re.compile(
-    r"\s*(?:\\text\s*\{\s*(?:percent|percentage|pct)\s*\}|(?<![A-Za-z])(?:percent|percentage|pct))\s*$"
+    r"\s*(?:\\text\s*\{\s*(?:percent|percentage|pct|per\s*cent)\s*\}|(?<![A-Za-z])(?:percent|percentage|pct|per\s*cent))"
+    r"\s*$"
 )
+
+
+def variable_letters(normalised: str) -> frozenset:
+    """The unit letters (``m g s h l L``) that a normalised answer uses as variables: single letters, neither part of
+    a command nor of a word (``4s``, ``\\frac{\\sqrt{3}}{4}s^2``; not ``Monday``, ``\\sqrt``)."""
+    bare = re.sub(r"\\[A-Za-z]+", " ", normalised)
+    return frozenset(re.findall(r"(?<![A-Za-z])[mgshlL](?![A-Za-z])", bare))
+
+
+_SUPERSCRIPTS = dict(zip("\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079\u207a\u207b\u207c\u207d\u207e\u207f\u2071",
+                         "0123456789+-=()ni"))
+_SUBSCRIPTS = dict(zip("\u2080\u2081\u2082\u2083\u2084\u2085\u2086\u2087\u2088\u2089\u208a\u208b\u208c\u208d\u208e",
+                       "0123456789+-=()"))
+# operators and symbols written as unicode characters -> LaTeX (a trailing space ends a command before a letter)
+_UNICODE_COMMANDS = {
+    "\u00d7": "\\times ", "\u00f7": "\\div ", "\u00b7": "\\cdot ", "\u22c5": "\\cdot ", "\u2219": "\\cdot ",
+    "\u00b1": "\\pm ", "\u2213": "\\mp ", "\u222a": "\\cup ", "\u2229": "\\cap ", "\u2208": "\\in ",
+    "\u2205": "\\emptyset ", "\u211d": "\\mathbb{R}", "\u2223": "\\mid ", "\u2a7e": "\\geq ", "\u2a7d": "\\leq ",
+    "\u2227": "\\land ", "\u2228": "\\lor ", "\u066b": ".", "\u066c": ",", "\u2032": "'",
+    # multiplier characters of Chinese and Japanese numerals after a number: 3万 = 30000, 2億 = 200000000
+    "\u4e07": " myriad", "\u842c": " myriad", "\u4ebf": " hundred million", "\u5104": " hundred million",
+}
+_ROOTS = {"\u221a": "\\sqrt", "\u221b": "\\sqrt[3]", "\u221c": "\\sqrt[4]"}
+_GREEK_NAMES = {"lamda": "lambda"}
+
+
+def _unicode_char(ch: str) -> str | None:
+    """LaTeX / ASCII for one non-ASCII character, or None to keep it: a decimal digit of any script (Arabic-Indic,
+    Devanagari, fullwidth, mathematical bold, ...) is that digit, a mathematical or fullwidth letter its letter, a
+    Greek letter its command."""
+    if ch in _UNICODE_COMMANDS:
+        return _UNICODE_COMMANDS[ch]
+    digit = unicodedata.decimal(ch, None)
+    if digit is not None:
+        return str(digit)
+    code = ord(ch)
+    if 0x1D400 <= code <= 0x1D7FF or 0xFF01 <= code <= 0xFF5E:  # mathematical alphanumerics, fullwidth ASCII
+        folded = unicodedata.normalize("NFKC", ch)
+        if folded.isascii():
+            return folded
+        ch = folded
+    name = unicodedata.name(ch, "")
+    if name.startswith(("GREEK SMALL LETTER ", "GREEK CAPITAL LETTER ")) and len(name.split()) == 4:
+        letter = _GREEK_NAMES.get(name.split()[-1].lower(), name.split()[-1].lower())
+        if name.startswith("GREEK CAPITAL"):
+            if letter not in ("gamma", "delta", "theta", "lambda", "xi", "pi", "sigma", "upsilon", "phi", "psi", "omega"):
+                return None
+            letter = letter.capitalize()
+        return "\\" + letter + " "
+    return None
+
+
+def _radicand(s: str, i: int) -> tuple[str, int]:
+    """The operand of a unicode radical at ``s[i:]``: a parenthesised or braced group (its content), a number, a
+    letter or a command; ``("", i)`` when there is none."""
+    n = len(s)
+    if i < n and s[i] in "({":
+        close = ")" if s[i] == "(" else "}"
+        depth = 0
+        for j in range(i, min(n, i + 200)):  # bounded: linear in all
+            if s[j] in "({":
+                depth += 1
+            elif s[j] in ")}":
+                depth -= 1
+                if depth == 0:
+                    return (s[i + 1 : j], j + 1) if s[j] == close else ("", i)
+        return "", i
+    m = re.compile(r"\d+(?:\.\d+)?|[A-Za-z]|\\[A-Za-z]+").match(s, i)
+    return (m.group(0), m.end()) if m else ("", i)
+
+
+def _unicode_math(s: str) -> str:
+    r"""Unicode notation → LaTeX: superscripts (``x²`` → ``x^{2}``, ``x⁻¹`` → ``x^{-1}``), subscripts (``x₁`` →
+    ``x_{1}``), radicals (``√2`` → ``\sqrt{2}``, ``√(x+1)`` → ``\sqrt{x+1}``, ``∛8`` → ``\sqrt[3]{8}``), digits of
+    every script, operators (``×`` ``÷`` ``·`` ``±``), Greek letters. Linear in the length."""
+    if s.isascii():
+        return s
+    out: list[str] = []
+    chars = list(s)
+    k = 0
+    while k < len(chars):
+        ch = chars[k]
+        if ch in _SUPERSCRIPTS or ch in _SUBSCRIPTS:
+            table, mark = (_SUPERSCRIPTS, "^") if ch in _SUPERSCRIPTS else (_SUBSCRIPTS, "_")
+            j = k
+            while j < len(chars) and chars[j] in table:
+                j += 1
+            out.append(mark + "{" + "".join(table[c] for c in chars[k:j]) + "}")
+            k = j
+            continue
+        if ord(ch) >= 128:
+            rep = _unicode_char(ch)
+            out.append(ch if rep is None else rep)
+        else:
+            out.append(ch)
+        k += 1
+    s = "".join(out)
+    if any(r in s for r in _ROOTS):
+        pieces: list[str] = []
+        i = 0
+        while i < len(s):
+            if s[i] in _ROOTS:
+                operand, end = _radicand(s, i + 1)
+                pieces.append(_ROOTS[s[i]] + ("{" + operand + "}" if operand else ""))
+                i = end if operand else i + 1
+                continue
+            pieces.append(s[i])
+            i += 1
+        s = "".join(pieces)
+    return s
+
+
+# \not= is \neq (and \not< / \not> the other relation of the reals)
+_NOT_RELATION_RE = re.compile(r"\\not\s*(=|<|>)")
+_NOT_RELATIONS = {"=": "\\neq ", "<": "\\geq ", ">": "\\leq "}
+_COLOR_RE = re.compile(r"\\color\s*\{[^{}]{0,40}\}")
+_TEXTCOLOR_RE = re.compile(r"\\(?:textcolor|colorbox)\s*\{[^{}]{0,40}\}\s*\{")
+
+
+_RELATION_RE = re.compile(r"[<>]|\\(?:le|ge|leq|geq|lt|gt|ne|neq|leqslant|geqslant)(?![A-Za-z])")
+_LIST_WORD_CONTEXT = 200  # characters looked at on each side of an "and" / "or" (bounded: linear in all)
+
+
+def _list_words(s: str) -> str:
+    r"""``or`` / ``and`` between answers → ``,``; between two relations (``x > 2 \text{ and } x < 5``) → ``\land`` /
+    ``\lor``, so that the worker reads an intersection / a union of solution sets."""
+
+    def repl(m: re.Match) -> str:
+        before = s[max(0, m.start() - _LIST_WORD_CONTEXT) : m.start()].rsplit(",", 1)[-1]
+        after = s[m.end() : m.end() + _LIST_WORD_CONTEXT].split(",", 1)[0]
+        if _RELATION_RE.search(before) and _RELATION_RE.search(after):
+            return "\\land " if re.search(r"and", m.group(0), re.I) else "\\lor "
+        return ","
+
+    return _LIST_WORD_RE.sub(repl, s)
 
 
 def _vulgar_fractions(s: str) -> str:
@@ -428,7 +592,7 @@ def _canonical_number(s: str) -> str:
     return out if out == "0" else sign + out
 
 
-def normalize_math_answer(s: Any) -> str:
+def normalize_math_answer(s: Any, variables: frozenset = frozenset()) -> str:
     r"""String normalisation of a final answer (never raises; rules in ``docs/rewards.md``).
 
     Reads unicode minus look-alikes as ``-`` and vulgar fractions (``½``) as ``\frac{1}{2}``; normalises
@@ -450,13 +614,13 @@ def normalize_math_answer(s: Any) -> str:
     canonically (``0.50`` → ``0.5``, ``5.0`` → ``5``, ``.5`` → ``0.5``).
     """
     try:
-        out = _normalize(s)
+        out = _normalize(s, frozenset(variables))
     except Exception:  # pragma: no cover - defensive
         return ""
     return "" if _REFUSED in out else out
 
 
-def _normalize(s: Any) -> str:
+def _normalize(s: Any, variables: frozenset = frozenset()) -> str:
     if s is None:
         return ""
     s = str(s).translate(_MINUS_TABLE)
@@ -467,6 +631,10 @@ def _normalize(s: Any) -> str:
     s = s.replace("\u00b0", "^\\circ").replace("\u03c0", "\\pi").replace("\u221e", "\\infty")
     for ascii_rel, command in _RELATIONS:
         s = s.replace(ascii_rel, command)
+    s = _unicode_math(s)
+    s = _NOT_RELATION_RE.sub(lambda m: _NOT_RELATIONS[m.group(1)], s)
+    s = _COLOR_RE.sub("", s)  # {\color{red} 5}: the colour switch goes, its text stays
+    s = _unwrap_command(s, _TEXTCOLOR_RE)
     if _BOX_RE.search(s):
         s = _unwrap_command(s, _BOX_OPEN_RE)  # a box inside the answer is its content: \boxed{\boxed{5}+1} is 6
     s = s.strip().rstrip(".").rstrip()  # a full stop after the answer (also after its closing "$")
@@ -488,7 +656,7 @@ def _normalize(s: Any) -> str:
     s = re.sub(r"\\(?:displaystyle|textstyle|scriptstyle)(?![A-Za-z])", "", s)
     s = re.sub(r"\\(?:left|right)\s*\.", "", s)
     s = re.sub(r"\\(?:left|right|bigl|bigr|Bigl|Bigr|biggl|biggr|big|Big|bigg|Bigg)(?![A-Za-z])", "", s)
-    s = re.sub(r"\\(?:[dtc]frac)(?![A-Za-z])", r"\\frac", s)
+    s = re.sub(r"\\(?:[dtc]|nice|s)frac(?![A-Za-z])", r"\\frac", s)
     # degrees / percent
     s = re.sub(r"\^\s*\{\s*\\circ\s*\}", "", s)
     s = re.sub(r"\^\s*\\circ(?![A-Za-z])", "", s)
@@ -504,17 +672,18 @@ def _normalize(s: Any) -> str:
     s = re.sub(r"\\\\|\\[,;:! ]", lambda m: m.group(0) if m.group(0) == "\\\\" else " ", s)
     s = re.sub(r"\\(?:q?quad|enspace|thinspace|medspace|thickspace)(?![A-Za-z])", " ", s)
     s = re.sub(r"  +", " ", s.replace("~", " "))  # spacing commands next to spaces: one space
-    s = _LIST_WORD_RE.sub(",", s)
+    s = _list_words(s)
     s = _EULER_RE.sub("{e}", s)
-    s = _trailing_words(s.strip(), wrapped=True)
+    s = _trailing_words(s.strip(), True, variables)
     if _REFUSED in s:
         return s
     s = _unwrap_command(s, _TEXT_RE)
-    s = _LIST_WORD_RE.sub(",", s)
+    s = _list_words(s)
     s = _PERCENT_WORD_RE.sub("%", s.strip().rstrip(".").rstrip())
-    s = _trailing_words(s.strip(), wrapped=False)
+    s = _trailing_words(s.strip(), False, variables)
     if _REFUSED in s:
         return s
+    s = s.rstrip().rstrip(".").rstrip()  # a full stop before the dropped unit: "1,250. s"
     # leading "x \in" (an assignment "x = 5" keeps its name)
     m = _LEADING_MEMBER_RE.match(s)
     if m is not None and "=" not in m.group("rest"):

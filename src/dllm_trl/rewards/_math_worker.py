@@ -48,7 +48,7 @@ import threading
 import warnings
 
 try:  # imported as dllm_trl.rewards._math_worker (in-process fallback)
-    from ._math_text import APPROX_MIN_DIGITS, normalize_math_answer
+    from ._math_text import APPROX_MIN_DIGITS, normalize_math_answer, variable_letters
 except ImportError:  # run as a program: _math_text.py's source comes first, its names are already defined
     pass
 
@@ -160,7 +160,16 @@ _COMMAND_RE = re.compile(r"\\[A-Za-z]+")
 # a number (not an exponent's or subscript's digit) or a closing parenthesis directly before a group: a product.
 # latex2sympy reads "2(3)", "(2)(3)", "2{3}" as the mixed numbers 2 + 3; "2\frac{1}{2}" stays a mixed number.
 _IMPLICIT_PRODUCT_RE = re.compile(r"((?<![_^])\d|\))(?=\(|\[|\\\{|\{)")
-_MAY_BE_UNDEFINED_RE = re.compile(r"/|\\frac|\\div|\^\{?-|\\(?:tan|cot|sec|csc|log|ln|lg|infty)(?![A-Za-z])")
+_MAY_BE_UNDEFINED_RE = re.compile(
+    r"/|\\frac|\\div|\^\{?-|\^\{?0(?![\d.])|\\(?:tan|cot|sec|csc|log|ln|lg|infty)(?![A-Za-z])"
+)
+# a set in set-builder notation: {x | ...}, {x : ...}, {x \in R | ...}
+_SET_BUILDER_RE = re.compile(r"^(?P<var>[A-Za-z])(?:\\in ?(?:\\mathbb\{R\}|\\R))?(?:\\mid ?|\||:)(?P<cond>.+)$")
+# a fraction after a number: a mixed number (2\frac{1}{2} = 2.5) only between a plain integer and a fraction of integers
+_NUMBER_BEFORE_FRAC_RE = re.compile(r"(?<![\d.])(\d+)(?=\\frac)")
+_MIXED_FRAC_RE = re.compile(r"\\frac\{\d+\}\{\d+\}")
+# what would multiply a mixed number written before it (2\frac{1}{2}x): a letter, a digit, a group, a command
+_FACTOR_AFTER_RE = re.compile(r"[A-Za-z0-9(\[{]|\\(?!cdot|times|div|pm|mp|le|ge|lt|gt|ne)[A-Za-z]")
 _WORD_RE = re.compile(r"^[A-Za-z]{2,}$")
 _DECIMAL_RE = re.compile(r"(?<![\d.])(\d+\.\d*|\.\d+)(?![\d.])")
 _LONE_DECIMAL_RE = re.compile(r"^[-+]?(\d+\.\d*|\.\d+)$")
@@ -178,11 +187,25 @@ class _Scalar:
     """A scalar leaf: its sympy value and, for a lone decimal literal, (significant digits, unit of
     the last written digit)."""
 
-    __slots__ = ("expr", "approx")
+    __slots__ = ("_expr", "approx", "poly", "_value")
 
-    def __init__(self, expr, approx=None):
-        self.expr = expr
+    def __init__(self, expr, approx=None, poly=None):
+        self._expr = expr
         self.approx = approx
+        self.poly = poly  # the canonical form of a polynomial read by _read_polynomial (expr is then built lazily)
+        self._value = False  # not computed yet
+
+    @property
+    def expr(self):
+        if self._expr is None:
+            self._expr = _polynomial_expr(self.poly)
+        return self._expr
+
+    def value(self):
+        """:func:`numeric_value` of the leaf, computed once."""
+        if self._value is False:
+            self._value = _polynomial_value(self.poly) if self.poly is not None else numeric_value(self.expr)
+        return self._value
 
 
 def _decimal_info(text):
@@ -221,6 +244,215 @@ def _name(lhs):
     return re.sub(r"_\{(\w)\}", r"_\1", lhs)
 
 
+# ----------------------------------------------------------------------------- polynomials without the LaTeX parser
+POLY_MIN_CHARS = 80  # a leaf this long that is a polynomial is read by _read_polynomial (the parser: ~2 ms a char)
+MAX_POLY_TERMS = 2000  # larger expansions are left to the LaTeX parser
+MAX_POLY_POWER = 200
+_POLY_TOKEN_RE = re.compile(r"\d+(?:\.\d+)?|[A-Za-z]|\\(?:cdot|times)(?![A-Za-z])|[-+()^{}]|\s+")
+
+
+def _poly_mul(a, b):
+    out = {}
+    for ma, ca in a.items():
+        for mb, cb in b.items():
+            exps = dict(ma)
+            for v, k in mb:
+                exps[v] = exps.get(v, 0) + k
+            m = tuple(sorted(exps.items()))
+            out[m] = out.get(m, 0) + ca * cb
+            if len(out) > MAX_POLY_TERMS:
+                raise ValueError("too many terms")
+    return {m: c for m, c in out.items() if c}
+
+
+def _read_polynomial(text):
+    r"""A polynomial written with integers, decimals, letters (not ``e`` / ``i``), ``+ - ( )``, implicit products,
+    ``\cdot`` / ``\times`` and non-negative integer powers (``^2``, ``^{12}``) → its canonical form, a dict
+    {monomial: Fraction} (letters lower-cased, as the LaTeX parser reads them); None for anything else. Linear in the
+    text (and bounded by MAX_POLY_TERMS), unlike the LaTeX parser."""
+    from fractions import Fraction
+
+    toks = []
+    pos = 0
+    while pos < len(text):
+        m = _POLY_TOKEN_RE.match(text, pos)
+        if m is None:
+            return None
+        if not m.group(0).isspace():
+            toks.append(m.group(0))
+        pos = m.end()
+    k = 0
+
+    def peek():
+        return toks[k] if k < len(toks) else None
+
+    def exponent():
+        nonlocal k
+        t = peek()
+        if t == "{":
+            k += 1
+            t = peek()
+            if t is None or not t.isdigit() or (k + 1 < len(toks) and toks[k + 1] != "}") or k + 1 >= len(toks):
+                raise ValueError("exponent")
+            k += 2
+            return int(t)
+        if t is not None and t.isdigit() and len(t) == 1:  # x^23 is not read here (the parser reads x**23)
+            k += 1
+            return int(t)
+        raise ValueError("exponent")
+
+    def power(base):
+        nonlocal k
+        if peek() != "^":
+            return base
+        k += 1
+        n = exponent()
+        if n > MAX_POLY_POWER or peek() == "^" or (n == 0 and not base):
+            raise ValueError("power")  # (x-x)^0 is 0^0: left to the parser, which refuses it
+        if len(base) == 1:  # a monomial: multiply its exponents
+            ((m, c),) = base.items()
+            return {tuple((v, e * n) for v, e in m) if n else (): c**n}
+        out = {(): Fraction(1)}
+        for _ in range(n):
+            out = _poly_mul(out, base)
+        return out
+
+    def factor(number_allowed):
+        nonlocal k
+        t = peek()
+        if t is None:
+            raise ValueError("end")
+        if t[0].isdigit():
+            if not number_allowed:
+                raise ValueError("number after a factor")
+            k += 1
+            whole, _, frac = t.partition(".")
+            value = Fraction(int(whole + frac), 10 ** len(frac))
+            if peek() == "^":
+                k += 1
+                n = exponent()
+                if n > MAX_POLY_POWER or (n == 0 and not value):
+                    raise ValueError("power")
+                value = value**n
+            return {(): value} if value else {}
+        if t.isalpha():
+            if t in "eiEI":
+                raise ValueError("e or i")
+            k += 1
+            return power({((t.lower(), 1),): Fraction(1)})
+        if t == "(":
+            k += 1
+            inner = expression()
+            if peek() != ")":
+                raise ValueError("parenthesis")
+            k += 1
+            return power(inner)
+        raise ValueError("token")
+
+    def term():
+        nonlocal k
+        out = factor(True)
+        while True:
+            t = peek()
+            if t in ("\\cdot", "\\times"):
+                k += 1
+                out = _poly_mul(out, factor(True))
+            elif t is not None and (t.isalpha() or t == "("):
+                out = _poly_mul(out, factor(False))
+            else:
+                return out
+
+    def expression():
+        nonlocal k
+        out = {}
+        first = True
+        while True:
+            sign = 1
+            t = peek()
+            if t in ("+", "-"):
+                sign = -1 if t == "-" else 1
+                k += 1
+            elif not first:
+                return out
+            for m, c in term().items():
+                out[m] = out.get(m, 0) + sign * c
+            out = {m: c for m, c in out.items() if c}
+            first = False
+            if peek() not in ("+", "-"):
+                return out
+
+    try:
+        poly = expression()
+    except (ValueError, RecursionError):
+        return None
+    return poly if k == len(toks) else None
+
+
+def _polynomial_value(poly):
+    """:func:`numeric_value` of a canonical polynomial, without sympy (exact, then one conversion)."""
+    from fractions import Fraction
+
+    points = {}
+    total = Fraction(0)
+    for m, c in poly.items():
+        term = c
+        for v, n in m:
+            if v not in points:
+                p = _generic_point(v)
+                points[v] = Fraction(int(p.p), int(p.q))
+            term *= points[v] ** n
+        total += term
+    try:
+        return complex(float(total))
+    except OverflowError:
+        return None
+
+
+def _polynomial_expr(poly):
+    """The sympy expression of a canonical polynomial (symbols as the LaTeX parser makes them)."""
+    import sympy
+
+    return sympy.Add(*[
+        sympy.Rational(c.numerator, c.denominator) * sympy.Mul(*[sympy.Symbol(v) ** n for v, n in m])
+        for m, c in poly.items()
+    ])
+
+
+def _fraction_products(text):
+    r"""``X\frac{a}{b}`` is the product ``X \cdot \frac{a}{b}`` unless ``X`` is a plain integer and ``a``, ``b`` are
+    integers (a mixed number: ``2\frac{1}{2}`` = 2.5). The LaTeX parser also read ``(2)\frac12``, ``{2}\frac12`` and
+    ``\frac{2}{1}\frac12`` as mixed numbers (2.5). A mixed number followed by a factor (``2\frac12 x``: 5x/2 or x?)
+    is not read (None)."""
+    if "\\frac" not in text:
+        return text
+    text = re.sub(r"(?<=[)\]}])(?=\\frac)", r"\\cdot ", text)
+    out, last = [], 0
+    for m in _NUMBER_BEFORE_FRAC_RE.finditer(text):
+        before = text[m.start() - 1] if m.start() else ""
+        frac = _MIXED_FRAC_RE.match(text, m.end())
+        if before and (before.isalpha() or before in "^_!'") or frac is None:
+            out.append(text[last : m.end()] + "\\cdot ")  # x2\frac12, 2^2\frac12, 2\frac{x}{3}: products
+            last = m.end()
+        elif _FACTOR_AFTER_RE.match(text, frac.end()):
+            return None
+    out.append(text[last:])
+    return "".join(out)
+
+
+def _indeterminate(expr):
+    r"""``0^0``, ``\infty^0``, ``1^\infty`` somewhere in the (unevaluated) expression: sympy evaluates the first
+    two to 1."""
+    import sympy
+
+    for p in expr.atoms(sympy.Pow):
+        base, exp = _doit(p.base), _doit(p.exp)
+        if exp == 0 and (base == 0 or getattr(base, "is_infinite", False)):
+            return True
+        if base == 1 and getattr(exp, "is_infinite", False):
+            return True
+    return False
+
+
 def _parse_scalar(text):
     import sympy
 
@@ -233,14 +465,24 @@ def _parse_scalar(text):
         text = _DOUBLE_FACTORIAL_RE.sub(_double_factorial, text)
         if "!!" in text:
             return None  # n!! of anything but a literal (the parser reads it as (n!)!)
-    try:
-        expr = parser(_exact_decimals(_IMPLICIT_PRODUCT_RE.sub(r"\1\\cdot ", text)))
-    except _SoftTimeout:
-        raise
-    except Exception:
-        return None
+    long_poly = len(text) >= POLY_MIN_CHARS and not _LONE_DECIMAL_RE.match(text)  # a decimal keeps its precision
+    poly = _read_polynomial(text) if long_poly else None
+    if poly is not None:
+        return _Scalar(None, None, poly)  # no decimal-precision rule for a polynomial of 80+ characters
+    else:
+        rewritten = _fraction_products(_exact_decimals(_IMPLICIT_PRODUCT_RE.sub(r"\1\\cdot ", text)))
+        if rewritten is None:
+            return None
+        try:
+            expr = parser(rewritten)
+        except _SoftTimeout:
+            raise
+        except Exception:
+            return None
     if expr is None or not isinstance(expr, sympy.Basic):
         return None
+    if _indeterminate(expr):
+        raise _Undefined()
     if isinstance(expr, sympy.Set) or getattr(expr, "is_Relational", False):
         return None
     if isinstance(expr, sympy.logic.boolalg.Boolean) and not isinstance(expr, sympy.Symbol):
@@ -326,6 +568,15 @@ def _parse_item(s):
         if rest and _MAY_BE_UNDEFINED_RE.search(rest):
             _parse_scalar(rest)  # the choice's value, when written, must not divide by zero: (C) 12/0 is nothing
         return ("choice", letter)
+    inner = _wrapped(s, "\\{", {"\\}"})
+    builder = _SET_BUILDER_RE.match(inner) if inner is not None else None
+    if builder is not None:
+        return _set_builder(builder.group("var"), builder.group("cond"))
+    for seps, combine in (({"\\lor", "\\vee"}, sympy.Union), ({"\\land", "\\wedge"}, sympy.Intersection)):
+        parts = _split_top(s, seps)  # "or" / "and" between relations: a union / an intersection of solution sets
+        if len(parts) > 1:
+            sets = [_as_set(_parse_item(p.strip())) for p in parts]
+            return ("rset", combine(*sets)) if all(x is not None for x in sets) else None
     cup = _split_top(s, {"\\cup"})
     if len(cup) > 1:
         sets = [_as_set(_parse_item(p)) for p in cup]
@@ -375,6 +626,23 @@ def _parse_item(s):
         return ("text", s.lower())
     leaf = _parse_scalar(s)
     return ("num", leaf) if leaf is not None else None
+
+
+def _set_builder(var, cond):
+    """``{x | cond}``: the real solution set of ``cond``, relations in ``var`` alone joined by ``,`` (and), ``\\land``,
+    ``\\lor``."""
+    import sympy
+
+    sets = []
+    for part in _split_top(cond, {","}):
+        part = part.strip()
+        if not part or not set(re.findall(r"[A-Za-z]", _COMMAND_RE.sub("", part))) <= {var}:
+            return None
+        solved = _as_set(_parse_item(part))
+        if solved is None:
+            return None
+        sets.append(solved)
+    return ("rset", sympy.Intersection(*sets))
 
 
 def _parse_relation(s):
@@ -475,10 +743,102 @@ def _doit(e):
         return e
 
 
-def scalars_equal(a, b):
-    """Exact equality of two scalar leaves (see the module docstring for the decimal rule)."""
+# ----------------------------------------------------------------------------- numeric keys (a cheap filter)
+SURELY_DIFFERENT_REL = 1e-4  # values further apart than this (relative) are never equal under any rule here
+TINY = 1e-12  # below this a numeric value may be an undecided zero: never "surely different"
+
+
+def _generic_point(name):
+    """The value a free symbol takes in a numeric key: fixed per name, so that both answers use the same point."""
     import sympy
 
+    code = sum((k + 1) * ord(c) for k, c in enumerate(name))
+    return sympy.Rational(1000 + code % 997, 1009) + sympy.Rational(code % 13, 17)
+
+
+def numeric_value(expr):
+    """``expr``'s value as a Python complex, its free symbols at a generic point (None when it does not evaluate to
+    a finite number). Equal values (``a - b`` proved 0, or a decimal within its written precision) have values
+    within SURELY_DIFFERENT_REL of each other; the converse is not assumed."""
+    import math
+
+    import sympy
+
+    try:
+        e = _doit(expr)
+        if not isinstance(e, sympy.Expr):
+            return None
+        if e.free_symbols:
+            e = e.xreplace({v: _generic_point(v.name) for v in e.free_symbols})
+        v = complex(sympy.N(e, 20))
+    except _SoftTimeout:
+        raise
+    except Exception:
+        return None
+    return v if math.isfinite(v.real) and math.isfinite(v.imag) else None
+
+
+def surely_different(u, v):
+    """Two numeric values (from :func:`numeric_value`) that no rule of the comparison can make equal."""
+    if u is None or v is None:
+        return False
+    scale = max(abs(u), abs(v))
+    return scale > TINY and abs(u - v) > SURELY_DIFFERENT_REL * scale
+
+
+def _real_reading(e):
+    """``e`` with every odd root of a negative number read as the real root (``(-8)^{1/3}`` = -2; sympy's principal
+    root is ``1 + \\sqrt{3} i``)."""
+    import sympy
+
+    def odd_root(p):
+        return (isinstance(p, sympy.Pow) and p.exp.is_Rational and not p.exp.is_Integer and p.exp.q % 2 == 1
+                and p.base.is_number and p.base.is_extended_negative is True)
+
+    try:
+        return e.replace(odd_root, lambda p: (-1) ** p.exp.p * (-p.base) ** p.exp)
+    except _SoftTimeout:
+        raise
+    except Exception:
+        return e
+
+
+def scalars_equal(a, b):
+    """Exact equality of two scalar leaves (see the module docstring for the decimal rule). An odd root of a negative
+    number is read both ways: sympy's principal (complex) root, and the real root where both values are then real."""
+    import sympy
+
+    if _scalars_equal(a, b):
+        return True
+    if a.poly is not None and b.poly is not None:
+        return a.poly == b.poly  # canonical forms of polynomials: equal exactly when the dicts are
+    x, y = _doit(a.expr), _doit(b.expr)
+    if not isinstance(x, sympy.Expr) or not isinstance(y, sympy.Expr):
+        return False
+    rx, ry = _real_reading(x), _real_reading(y)
+    if (rx, ry) == (x, y) or rx.is_real is not True or ry.is_real is not True:
+        return False
+    return _scalars_equal(_Scalar(rx, a.approx), _Scalar(ry, b.approx))
+
+
+def _no_nonzero_digit(v):
+    """sympy's evaluation ``v`` of a difference found no non-zero digit: each of its real and imaginary parts is 0,
+    or a bound below 10^-EVAL_DIGITS without a single correct bit (sympy writes such a part ``0.e-190``)."""
+    import sympy
+
+    for part in v.as_real_imag():
+        if part == 0:
+            continue
+        if not (isinstance(part, sympy.Float) and part._prec <= 1 and abs(part) < sympy.Float(10) ** -EVAL_DIGITS):
+            return False
+    return True
+
+
+def _scalars_equal(a, b):
+    import sympy
+
+    if a.poly is not None and b.poly is not None:
+        return a.poly == b.poly  # canonical forms of polynomials: equal exactly when the dicts are
     x, y = _doit(a.expr), _doit(b.expr)
     try:
         if x == y:
@@ -487,6 +847,8 @@ def scalars_equal(a, b):
         pass
     if not isinstance(x, sympy.Expr) or not isinstance(y, sympy.Expr):
         return False
+    if surely_different(a.value(), b.value()):
+        return False  # apart at a generic point (or as numbers): no sympy simplification needed
     if x.free_symbols or y.free_symbols:
         try:
             return sympy.simplify(x - y) == 0
@@ -512,23 +874,50 @@ def scalars_equal(a, b):
             return bool(diff.is_zero)
         # sympy can neither simplify the difference to 0 nor prove it non-zero (nested radicals):
         # its adaptive evaluation, asked for EVAL_DIGITS correct digits, finds none that is non-zero
-        return bool(sympy.N(x - y, EVAL_DIGITS) == 0)
+        return _no_nonzero_digit(sympy.N(x - y, EVAL_DIGITS))
     except _SoftTimeout:
         raise
     except Exception:
         return False
 
 
+def _node_key(node):
+    """A cheap key of an item: the numeric value of a scalar, the tuple of its items' keys for a tuple; None
+    otherwise. Items whose keys are :func:`surely_different` are never equal, so a list is matched with one numeric
+    evaluation per item and exact (sympy) comparisons only between items whose keys agree."""
+    if node[0] == "num":
+        return node[1].value()
+    if node[0] == "tuple":
+        return (node[1], node[2], tuple(_node_key(n) for n in node[3]))
+    return None
+
+
+def _keys_apart(u, v):
+    if isinstance(u, tuple) and isinstance(v, tuple):
+        return u[:2] != v[:2] or len(u[2]) != len(v[2]) or any(_keys_apart(p, q) for p, q in zip(u[2], v[2]))
+    if isinstance(u, complex) and isinstance(v, complex):
+        return surely_different(u, v)
+    return False
+
+
 def _match_all(xs, ys):
-    """Perfect matching between two lists under ``answers_equal`` (order-free, multiplicity kept)."""
+    """Perfect matching between two lists under ``answers_equal`` (order-free, multiplicity kept). Pairs whose keys
+    are apart are never compared; the others are compared when the matching asks for them (at most once)."""
     if len(xs) != len(ys):
         return False
-    eq = [[answers_equal(x, y) for y in ys] for x in xs]
+    kx, ky = [_node_key(x) for x in xs], [_node_key(y) for y in ys]
+    memo = {}
+
+    def eq(i, j):
+        if (i, j) not in memo:
+            memo[i, j] = not _keys_apart(kx[i], ky[j]) and answers_equal(xs[i], ys[j], top=False)
+        return memo[i, j]
+
     owner = [-1] * len(ys)
 
     def augment(i, seen):
         for j in range(len(ys)):
-            if eq[i][j] and not seen[j]:
+            if not seen[j] and eq(i, j):
                 seen[j] = True
                 if owner[j] < 0 or augment(owner[j], seen):
                     owner[j] = i
@@ -539,10 +928,12 @@ def _match_all(xs, ys):
 
 
 def _dedupe(xs):
-    out = []
+    out, keys = [], []
     for x in xs:
-        if not any(answers_equal(x, y) for y in out):
+        kx = _node_key(x)
+        if not any(not _keys_apart(kx, ky) and answers_equal(x, y, top=False) for y, ky in zip(out, keys)):
             out.append(x)
+            keys.append(kx)
     return out
 
 
@@ -590,19 +981,19 @@ def _as_equation(node):
     return None if name is None else name.expr - node[2][1].expr
 
 
-def _assignment_equal(a, b):
+def _assignment_equal(a, b, top=True):
     """Same name: the values compare. Different names: equal only as the same equation (``y = 2x+3`` and
     ``x = \\frac{y-3}{2}``; ``x = 3`` and ``y = 3`` are not). Against an unnamed answer: its value compares."""
     if a[0] == b[0] == "assign":
         if a[1] == b[1]:
-            return answers_equal(a[2], b[2])
+            return answers_equal(a[2], b[2], top)
         ea, eb = _as_equation(a), _as_equation(b)
         return ea is not None and eb is not None and _equations_equal(ea, eb)
     named, other = (a, b) if a[0] == "assign" else (b, a)
     if other[0] == "eq":
         e = _as_equation(named)
         return e is not None and _equations_equal(e, other[1])
-    return answers_equal(named[2], other)
+    return answers_equal(named[2], other, top)
 
 
 def _unpaired(xs, ys):
@@ -628,15 +1019,16 @@ def _numeral_equal(a, b):
     return value == numeral[1] or (numeral[2].isdigit() and value == int(numeral[2]))
 
 
-def answers_equal(a, b):
-    """Equality of two parsed answers under the documented rules (symmetric)."""
+def answers_equal(a, b, top=True):
+    """Equality of two parsed answers under the documented rules (symmetric). ``top``: ``a`` and ``b`` are whole
+    answers (or assigned values), not items of a list, set or tuple: only there is a one-element set its element."""
     import sympy
 
     ka, kb = a[0], b[0]
     if ka == "num" and kb == "num":
         return scalars_equal(a[1], b[1])
     if ka == "assign" or kb == "assign":
-        return _assignment_equal(a, b)
+        return _assignment_equal(a, b, top)
     if ka == "base" or kb == "base":
         return _numeral_equal(a, b)
     if ka == "pct" or kb == "pct":
@@ -660,11 +1052,12 @@ def answers_equal(a, b):
         return _match_all(_dedupe(a[1]), _dedupe(b[1]))
     if (ka == "set" or kb == "set") and "rset" not in (ka, kb):  # duplicates collapse: {2, 2} = {2} = 2
         s, other = (a, b) if ka == "set" else (b, a)
-        distinct = _dedupe(s[1])
-        return len(distinct) == 1 and answers_equal(distinct[0], other)
+        distinct = _dedupe(s[1])  # {{1}, {2}} is no {1, 2}, nor {{1, 2}} its element {1, 2}
+        return (top and len(distinct) == 1 and distinct[0][0] not in ("set", "list")
+                and answers_equal(distinct[0], other, top=False))
     if ka == "tuple" and kb == "tuple":
         return a[1] == b[1] and a[2] == b[2] and len(a[3]) == len(b[3]) and all(
-            answers_equal(x, y) for x, y in zip(a[3], b[3])
+            answers_equal(x, y, top=False) for x, y in zip(a[3], b[3])
         )
     if ka == "matrix" and kb == "matrix":
         return len(a[1]) == len(b[1]) and len(a[1][0]) == len(b[1][0]) and all(
@@ -735,13 +1128,26 @@ def compare_normalised(p, g, final_form=False):
     return bool(answers_equal(a, b)), "sympy"
 
 
+def normalise_pair(pred, gold):
+    """Both answers normalised; a unit letter (``m g s h l L``) that one answer uses as a variable is a variable in
+    the other too (``4 s`` against ``4s``: the letter is the problem's variable, not seconds)."""
+    p, g = normalize_math_answer(pred), normalize_math_answer(gold)
+    if p != g:
+        in_gold, in_pred = variable_letters(g), variable_letters(p)
+        if in_gold:
+            p = normalize_math_answer(pred, in_gold)
+        if in_pred:
+            g = normalize_math_answer(gold, in_pred)
+    return p, g
+
+
 def heavy_equal(pred: str, gold: str, timeout: float = 5.0, final_form: bool = False) -> tuple[bool, str]:
     """Comparison of two answers as written (or already normalised; normalisation is idempotent): cleanup, string
     stage, structure + sympy, all under the time bound. Returns (equal, stage). Never raises (a soft timeout gives
     ``(False, "timeout")``). Uses SIGALRM only when called from the main thread; from another thread (the
     in-process fallback) only the normalised strings are compared."""
     if threading.current_thread() is not threading.main_thread():
-        p, g = normalize_math_answer(pred), normalize_math_answer(gold)
+        p, g = normalise_pair(pred, gold)
         if final_form and not unevaluated_operations(p) <= unevaluated_operations(g):
             return False, "not-final"
         return bool(p) and p == g, "string-only"
@@ -757,7 +1163,7 @@ def heavy_equal(pred: str, gold: str, timeout: float = 5.0, final_form: bool = F
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return compare_normalised(normalize_math_answer(pred), normalize_math_answer(gold), final_form)
+            return compare_normalised(*normalise_pair(pred, gold), final_form)
     except _SoftTimeout:
         return False, "timeout"
     except BaseException:  # RecursionError, MemoryError, ...
