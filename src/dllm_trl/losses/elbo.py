@@ -40,8 +40,8 @@ ELBO_ESTIMATORS = ("llada", "dream", "left_to_right")
 """Values of ``estimator``."""
 
 ScoreFn = Callable[[torch.Tensor], torch.Tensor]
-"""``score(mask (n, L) bool) -> (n, L)``: ``log p(x_i | c, x with mask's positions masked)`` at every position (only
-the masked ones are read)."""
+"""``score(mask (n, L) bool) -> (n, L)``: ``log p(x_i | c, x with mask's positions masked)``, read at the masked
+positions (:func:`segment_scorer` builds one from a model)."""
 
 
 @dataclass(frozen=True)
