@@ -3,8 +3,10 @@ extra): lm-eval's scores and completions are the library's own decoding of the s
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +18,10 @@ lm_eval = pytest.importorskip("lm_eval", reason="lm-eval is not installed (pip i
 from lm_eval.api.instance import Instance  # noqa: E402
 from lm_eval.tasks import TaskManager  # noqa: E402
 
-from dllm_trl.evaluation.lm_eval import DiffusionLM, cut_at_stop  # noqa: E402
+import torch  # noqa: E402
+
+from dllm_trl.evaluation.lm_eval import DiffusionLM, cut_at_stop, request_generator  # noqa: E402
+from dllm_trl.losses.elbo import sequence_elbo  # noqa: E402
 from dllm_trl.toy import (evaluate_accuracy, evaluate_diffusion_gemma_accuracy,  # noqa: E402
                           load_sudoku_diffusion_gemma, load_toy, sudoku_dataset, toy_assets_dir, toy_dataset,
                           toy_generation_config, toy_problems)
@@ -24,6 +29,10 @@ from dllm_trl.toy.block import load_toy_block, toy_block_assets_dir, toy_block_g
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ROOT / "tests" / "data" / "lm_eval"
+_spec = importlib.util.spec_from_file_location("toy_addition_choice", TASKS / "toy_addition_choice.py")
+choice_task = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(choice_task)
+load_choice_dataset = choice_task.load_dataset
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +109,7 @@ def test_until_cuts_at_the_first_stop_string():
     assert cut == [c.split("4")[0] for c in full] and cut != full
 
 
-def test_settings_not_understood_are_refused(monkeypatch):
+def test_settings_not_understood_are_refused():
     lm = DiffusionLM()
     with pytest.raises(ValueError, match="max_new_tokens not understood"):
         lm.generate_until([request("1+2=", max_new_tokens=4)])
@@ -110,18 +119,105 @@ def test_settings_not_understood_are_refused(monkeypatch):
         DiffusionLM(entropy_bound=0.2)
     with pytest.raises(ValueError, match="batch_size='auto'"):
         DiffusionLM(batch_size="auto")
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(ValueError, match="runs in one process"):
-        DiffusionLM()
 
 
-def test_likelihood_requests_are_refused():
+def likelihood_request(context, continuation):
+    return Instance(request_type="loglikelihood", doc={}, arguments=(context, continuation), idx=0)
+
+
+def test_loglikelihood_is_the_seeded_elbo_and_rolling_sums_the_windows():
+    lm = DiffusionLM(mc_num=8, mc_batch_size=4, seed=3)
+    model, tokenizer = load_toy()
+    ids = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    [(value, greedy)] = lm.loglikelihood([likelihood_request("13+54= ", "67")])  # the space moves to the continuation
+    own = sequence_elbo(model, torch.tensor(ids("13+54=")), torch.tensor(ids(" 67")), "llada", 8, 4,
+                        request_generator(3, ids("13+54="), ids(" 67")), with_greedy=True)
+    assert (value, greedy) == (own.value, own.greedy)
+    assert lm.loglikelihood([likelihood_request("13+54=", "67")]) != [(value, greedy)]
+    # perplexity: lm-eval's disjoint windows of max_length tokens (the first after BOS; the last filled up with context)
+    lm = DiffusionLM(estimator="left_to_right", max_length=4)
+    text = "12+34=46 7"
+    [rolling] = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (text,), 0)])
+    tokens, bos = ids(text), tokenizer.bos_token_id
+    windows = [([bos], tokens[:4]), (tokens[3:4], tokens[4:8]), (tokens[5:8], tokens[8:])]
+    expected = sum(sequence_elbo(model, torch.tensor(c), torch.tensor(x), "left_to_right").value for c, x in windows)
+    assert rolling == pytest.approx(expected, abs=1e-9)
+
+
+def test_likelihood_of_a_uniform_noise_model_is_refused():
+    lm = DiffusionLM(pretrained=str(toy_assets_dir("sudoku_diffusion_gemma")))
+    with pytest.raises(ValueError, match="uniform-noise"):
+        lm.loglikelihood([likelihood_request("1+2=", "3")])
+    with pytest.raises(ValueError, match="mc_num=10 is not a multiple of mc_batch_size=4"):
+        DiffusionLM(mc_num=10, mc_batch_size=4)
+
+
+def test_named_chat_template_is_the_one_rendered():
     lm = DiffusionLM()
-    req = Instance(request_type="loglikelihood", doc={}, arguments=("1+2=", "3"), idx=0)
-    with pytest.raises(NotImplementedError, match="multiple-choice tasks"):
-        lm.loglikelihood([req])
-    with pytest.raises(NotImplementedError, match="perplexity"):
-        lm.loglikelihood_rolling([req])
+    plain = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    lm.tokenizer.chat_template = {"default": lm.tokenizer.chat_template, "plain": plain}
+    assert lm.chat_template("plain") == plain
+    assert lm.apply_chat_template([{"role": "user", "content": "1+2="}]) == "1+2="
+    with pytest.raises(ValueError, match="not available"):
+        lm.chat_template("nope")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def run_cli(tmp_path, name, *args, launcher=(), **env_vars):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", **env_vars}
+    out = tmp_path / name
+    return subprocess.Popen(
+        [*launcher, "-m", "dllm_trl.evaluation.lm_eval", "--include_path", str(TASKS), "--output_path", str(out),
+         "--log_samples", *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def cli_samples(tmp_path, name, task):
+    [path] = (tmp_path / name).rglob(f"samples_{task}_2*.jsonl")  # the file name's timestamp
+    rows = sorted((json.loads(line) for line in path.read_text().splitlines()), key=lambda r: r["doc_id"])
+    [results_file] = (tmp_path / name).rglob("results_*.json")
+    return json.loads(results_file.read_text())["results"][task], [r["resps"] for r in rows]
+
+
+def test_command_line_on_one_and_two_processes(tmp_path):
+    """lm-eval's command line on the four-way multiple-choice toy task (the library's own ELBO scores, accuracy above
+    chance) and the generation task (the library's accuracy), then the same under ``accelerate launch`` with two CPU
+    processes: each process scores its half, and the gathered per-request results are the one-process ones."""
+    tasks = "dllm_trl_toy_addition_choice,dllm_trl_toy_addition"
+    args = ("--tasks", tasks, "--limit", "16", "--batch_size", "8", "--model_args", "mc_num=16,mc_batch_size=16")
+    one = run_cli(tmp_path, "one", *args, launcher=(sys.executable,))
+    two = run_cli(tmp_path, "two", *args, launcher=(
+        sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+        str(ROOT / "examples" / "accelerate_configs" / "multi_gpu.yaml"), "--num_processes", "2", "--num_machines", "1",
+        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port())),
+                  LMEVAL_LOG_LEVEL="DEBUG", CUDA_VISIBLE_DEVICES="")
+    outputs = [process.communicate(timeout=400)[0] for process in (one, two)]
+    for process, output in zip((one, two), outputs):
+        assert process.returncode == 0, output[-3000:]
+    # 16 documents x 4 choices, half on each rank (lm-eval's debug line, once per process)
+    assert outputs[1].count("dllm_trl_toy_addition_choice; number of requests on this rank: 32") == 2, outputs[1][-3000:]
+    choice, choice_resps = cli_samples(tmp_path, "one", "dllm_trl_toy_addition_choice")
+    # the library's own scores of every choice, each request from its own seeded generator
+    model, tokenizer = load_toy()
+    ids = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    data = load_choice_dataset()["test"].select(range(16))
+    own_scores = [[sequence_elbo(model, torch.tensor(ids(d["prompt"])), torch.tensor(ids(c)), "llada", 16, 16,
+                                 request_generator(0, ids(d["prompt"]), ids(c))).value for c in d["choices"]]
+                  for d in data]
+    assert [[float(r[0][0]) for r in resps] for resps in choice_resps] == own_scores
+    own_accuracy = sum(max(range(4), key=s.__getitem__) == d["label"] for s, d in zip(own_scores, data)) / len(data)
+    assert choice["acc,none"] == pytest.approx(own_accuracy) and own_accuracy > 0.5  # chance: 0.25
+    # two processes: each document answered as by one process, gathered on the first
+    for task in tasks.split(","):
+        assert cli_samples(tmp_path, "two", task) == cli_samples(tmp_path, "one", task)
+    # the generation task through the command line: the library's own accuracy
+    generation, _ = cli_samples(tmp_path, "one", "dllm_trl_toy_addition")
+    own = evaluate_accuracy(model, tokenizer, toy_dataset("test", size=16))["accuracy"]
+    assert generation["exact_match,none"] == pytest.approx(own)
 
 
 def test_diffusion_gemma_greedy_requests_are_refused_unless_sampling_is_allowed():
@@ -141,18 +237,3 @@ def test_chat_template_prompts_are_the_library_chat_prompts(task_manager):
     own = evaluate_accuracy(model, tokenizer, toy_dataset("test", size=8, conversational=True),
                             toy_generation_config())
     assert completions == own["completions"]
-
-
-def test_command_line(tmp_path):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [sys.executable, "-m", "dllm_trl.evaluation.lm_eval", "--include_path", str(TASKS), "--tasks",
-         "dllm_trl_toy_addition", "--limit", "20", "--batch_size", "20", "--output_path", str(tmp_path),
-         "--log_samples"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    [results_file] = tmp_path.rglob("results_*.json")
-    score = json.loads(results_file.read_text())["results"]["dllm_trl_toy_addition"]["exact_match,none"]
-    model, tokenizer = load_toy()
-    assert score == pytest.approx(evaluate_accuracy(model, tokenizer, toy_dataset("test", size=20))["accuracy"])
-    assert list(tmp_path.rglob("samples_dllm_trl_toy_addition_*.jsonl"))

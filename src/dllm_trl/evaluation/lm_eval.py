@@ -19,12 +19,26 @@ masked diffusion; DiffusionGemma always samples (its t_max → t_min schedule), 
 ``--model_args sample_when_greedy=true``. Its draws (and a sampled masked-diffusion decoding) come from a generator
 seeded with ``seed`` (model_args, default 0) at each ``generate_until`` call.
 
-Tasks scored by likelihood (multiple choice: ``loglikelihood``; perplexity: ``loglikelihood_rolling``) are refused: a
-diffusion LM gives only a bound on a sequence's likelihood, which the library does not estimate.
+Tasks scored by likelihood (multiple choice: ``loglikelihood``; perplexity: ``loglikelihood_rolling``) get the
+masked-diffusion ELBO of :func:`~dllm_trl.losses.elbo.sequence_elbo`, set in ``--model_args``: ``estimator`` (``llada``,
+the default: stratified masked counts, weight L/l; ``dream``: stratified mask ratios; ``left_to_right``: exact, one state
+per token), ``mc_num`` (Monte-Carlo masks per request, 128), ``mc_batch_size`` (masks per forward, 32; divides
+``mc_num``), ``cfg_scale`` (classifier-free guidance, 0 = off) and ``max_length`` (the rolling window of
+``loglikelihood_rolling``; default: the model's context length). A one-token continuation is scored exactly. Each
+request's masks come from a generator seeded with ``seed`` and the request's token ids, so a score depends on neither
+the order of the requests nor the process that runs them. Block-diffusion models are scored block by block (earlier
+blocks clean); DiffusionGemma (uniform noise, no mask token) is refused. ``is_greedy`` is True when every continuation
+token is the model's argmax in its left-to-right state (context and earlier tokens clean, later tokens masked; within
+its block on a block model), i.e. when decoding one token per step, left to right, greedily gives the continuation:
+the library's own sampler unmasks by confidence and may decode another answer.
+
+Under ``accelerate launch`` (several processes) each process takes lm-eval's share of the documents
+(``rank`` / ``world_size``, as lm-eval's HF model) and the results are gathered on the first process.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import sys
@@ -34,28 +48,21 @@ from pathlib import Path
 
 import lm_eval.models  # noqa: F401  (lm-eval's own models first: its registry loads them only while it is empty)
 import torch
-from lm_eval.api.model import LM
+from lm_eval.api.model import LM, TemplateLM
 from lm_eval.api.registry import register_model
 
 MODEL_NAME = "dllm_trl"
 
 LOADING_ARGS = ("pretrained", "revision", "dtype", "attn_implementation", "device", "batch_size", "max_batch_size",
-                "seed", "sample_when_greedy")
+                "seed", "sample_when_greedy", "chat_template_args")
+LIKELIHOOD_ARGS = ("estimator", "mc_num", "mc_batch_size", "cfg_scale", "max_length")
+"""``--model_args`` of the likelihood requests (module docstring)."""
 MASKED_SAMPLER_ARGS = ("gen_length", "block_length", "unmasking", "threshold", "steps", "temperature", "top_p", "top_k",
                        "min_p", "sampling", "cache", "stop_at_eos", "reference_decoder")
 GEMMA_SAMPLER_ARGS = ("gen_length", "max_denoising_steps", "entropy_bound", "t_min", "t_max", "stability_threshold",
                       "confidence_threshold")
 REQUEST_ARGS = ("until", "max_gen_toks", "do_sample", "temperature")
 """lm-eval's own generation keywords, read from each request beside the sampler's."""
-
-LIKELIHOOD_REFUSAL = (
-    "{method}: the dllm_trl lm-eval model decodes (generate_until tasks such as gsm8k, minerva_math, humaneval, mbpp, "
-    "ifeval) but does not score likelihoods, which multiple-choice tasks (hellaswag, arc, mmlu, ...) and perplexity "
-    "tasks (wikitext, lambada) need: a diffusion LM gives only a bound (ELBO) on a sequence's likelihood, which the "
-    "library does not estimate, rather than report a biased number. Evaluate generation tasks, or use a task's "
-    "generative variant (e.g. mmlu_generative)."
-)
-
 
 def shipped_sampler_config(path: str):
     """The library's own sampler settings of a shipped toy checkpoint at ``path``; None for any other checkpoint."""
@@ -92,13 +99,14 @@ def cut_at_stop(text: str, until: Sequence[str]) -> str:
 
 
 class DiffusionLM(LM):
-    """lm-eval model over the library's diffusion LMs: ``generate_until`` decodes with the family's sampler; the
-    likelihood requests are refused (module docstring)."""
+    """lm-eval model over the library's diffusion LMs: ``generate_until`` decodes with the family's sampler, the
+    likelihood requests are scored with the masked-diffusion ELBO (module docstring)."""
 
     def __init__(self, pretrained: str | None = None, revision: str = "main", dtype: str = "auto",
                  attn_implementation: str | None = None, device: str | None = None, batch_size: int | str | None = 16,
                  max_batch_size: int | None = None, seed: int = 0, sample_when_greedy: bool = False,
-                 **sampler_args):
+                 estimator: str = "llada", mc_num: int = 128, mc_batch_size: int = 32, cfg_scale: float = 0.0,
+                 max_length: int | None = None, chat_template_args: dict | None = None, **sampler_args):
         super().__init__()
         from trl import ModelConfig
 
@@ -119,13 +127,27 @@ class DiffusionLM(LM):
         self._device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if self._device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device={device!r}: no CUDA device here; pass --device cpu.")
+        self._rank, self._world_size, self.accelerator = 0, 1, None
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            raise ValueError("The dllm_trl lm-eval model runs in one process (every process would decode every "
-                             "request): launch it with python, not accelerate launch / torchrun.")
-        self._rank, self._world_size = 0, 1
+            from accelerate import Accelerator
+
+            self.accelerator = Accelerator(cpu=self._device.type == "cpu")  # several CPU processes: gloo
+            self._rank, self._world_size = self.accelerator.process_index, self.accelerator.num_processes
+            if device is None:
+                self._device = self.accelerator.device
         self.batch_size = batch_size
         self.seed = int(seed)
         self.sample_when_greedy = bool(sample_when_greedy)
+        from ..losses.elbo import check_estimator
+
+        self.estimator, self.mc_num, self.mc_batch_size = estimator, int(mc_num), int(mc_batch_size)
+        check_estimator(self.estimator, self.mc_num, self.mc_batch_size)
+        self.cfg_scale = float(cfg_scale)
+        if self.cfg_scale < 0:
+            raise ValueError(f"cfg_scale={cfg_scale}: classifier-free guidance takes a scale ≥ 0 (0 = off).")
+        self._max_length = None if max_length is None else int(max_length)
+        self.chat_template_args = dict(chat_template_args or {})
+        self._chat_template = None
         model_args = ModelConfig(model_name_or_path=self.path, model_revision=revision, dtype=dtype,
                                  attn_implementation=attn_implementation)
         self.model, self.tokenizer = load_model_and_tokenizer(model_args, str(self._device))
@@ -239,11 +261,94 @@ class DiffusionLM(LM):
                 self.cache_hook.add_partial("generate_until", requests[i].args, results[i])
         return results
 
-    def loglikelihood(self, requests, disable_tqdm: bool = False):
-        raise NotImplementedError(LIKELIHOOD_REFUSAL.format(method="loglikelihood"))
+    @property
+    def prefix_token_id(self) -> int:
+        """The context of an empty-context request (lm-eval's HF model: BOS, else EOS)."""
+        if self.tokenizer.bos_token_id is not None:
+            return self.tokenizer.bos_token_id
+        return self.tokenizer.eos_token_id
 
-    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
-        raise NotImplementedError(LIKELIHOOD_REFUSAL.format(method="loglikelihood_rolling"))
+    @property
+    def max_length(self) -> int:
+        """Tokens per rolling window of ``loglikelihood_rolling`` (``max_length``, else the model's context)."""
+        from lm_eval.models.utils import resolve_max_length
+
+        from ..models.engines import model_config
+
+        return self._max_length or resolve_max_length(model_config(self.model), self.tokenizer, default=2048)
+
+    def tok_encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+        """Context and continuation ids as lm-eval's HF model splits them: trailing spaces of the context move to the
+        continuation, the whole text is tokenized and cut after the context's tokens; an empty context is the prefix
+        token."""
+        if not context:
+            continuation_ids = self.tok_encode(continuation)
+            if continuation_ids[:1] == [self.prefix_token_id]:
+                return continuation_ids[:1], continuation_ids[1:]
+            return [self.prefix_token_id], continuation_ids
+        spaces = len(context) - len(context.rstrip())
+        if spaces:
+            context, continuation = context[:-spaces], context[-spaces:] + continuation
+        whole = self.tok_encode(context + continuation)
+        context_ids = self.tok_encode(context)
+        return context_ids, whole[len(context_ids):]
+
+    def score_tokens(self, context_ids: list[int], continuation_ids: list[int], with_greedy: bool = True):
+        """The :class:`~dllm_trl.losses.elbo.ElboEstimate` of one request, from its own seeded generator."""
+        from ..losses.elbo import sequence_elbo
+
+        if not continuation_ids:
+            raise ValueError("loglikelihood: the continuation is empty after tokenization; nothing to score.")
+        return sequence_elbo(
+            self.model, torch.tensor(context_ids, device=self._device),
+            torch.tensor(continuation_ids, device=self._device), self.estimator, self.mc_num, self.mc_batch_size,
+            request_generator(self.seed, context_ids, continuation_ids), self.cfg_scale, with_greedy=with_greedy)
+
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        """``(ELBO estimate of log p(continuation | context), is_greedy)`` per request (module docstring)."""
+        results = []
+        for request in requests:
+            context, continuation = request.args
+            estimate = self.score_tokens(*self.encode_pair(context, continuation))
+            results.append((estimate.value, estimate.greedy))
+            self.cache_hook.add_partial("loglikelihood", request.args, results[-1])
+        return results
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        """The ELBO estimate of a whole text: the sum over lm-eval's disjoint rolling windows of ``max_length``
+        tokens (each conditioned on the token before it, the first on the prefix token)."""
+        from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+        results = []
+        for request in requests:
+            (text,) = request.args
+            windows = map(make_disjoint_window, get_rolling_token_windows(
+                token_list=self.tok_encode(text), prefix_token=self.prefix_token_id, max_seq_len=self.max_length,
+                context_len=1))
+            total = sum(self.score_tokens(context, continuation, with_greedy=False).value
+                        for context, continuation in windows)
+            results.append(total)
+            self.cache_hook.add_partial("loglikelihood_rolling", request.args, total)
+        return results
+
+    # -------------------------------------------------------------------------------------- several processes
+
+    def all_gather(self, tensor):
+        return tensor if self._world_size == 1 else self.accelerator.gather(tensor)
+
+    def gather_object(self, obj, dst=0):
+        if self._world_size == 1:
+            return [obj]
+        gathered = [None] * self._world_size if self._rank == dst else None
+        torch.distributed.gather_object(obj=obj, object_gather_list=gathered, dst=dst)
+        return gathered
+
+    def barrier(self) -> None:
+        if self._world_size > 1:
+            self.accelerator.wait_for_everyone()
 
     # --------------------------------------------------------------------------------------------- chat templates
 
@@ -252,21 +357,28 @@ class DiffusionLM(LM):
         return self.path.replace("/", "__")
 
     def chat_template(self, chat_template: bool | str = False) -> str | None:
-        if not chat_template:
-            return None
-        if isinstance(chat_template, str):
-            raise ValueError(f"--apply_chat_template {chat_template!r}: the dllm_trl model uses its tokenizer's own "
-                             "chat template; pass --apply_chat_template without a name.")
-        if not self.tokenizer.chat_template:
+        """The template ``--apply_chat_template [name]`` selects, as lm-eval's HF model (a name picks one of the
+        tokenizer's named templates); :meth:`apply_chat_template` then renders with it."""
+        if chat_template and not self.tokenizer.chat_template:
             raise ValueError(f"--apply_chat_template: the tokenizer of {self.path} has no chat template.")
-        return self.tokenizer.chat_template
+        self._chat_template = TemplateLM.chat_template(self, chat_template)  # its selection, on our tokenizer
+        return self._chat_template
 
     def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        """The tokenizer's chat template over ``chat_history`` as text (special tokens written out; the prompt is then
-        tokenized without adding any)."""
-        self.chat_template(True)
-        return self.tokenizer.apply_chat_template(chat_history, tokenize=False,
-                                                  add_generation_prompt=add_generation_prompt)
+        """The selected chat template over ``chat_history`` as text (special tokens written out; the prompt is then
+        tokenized without adding any), with ``chat_template_args`` as lm-eval's HF model."""
+        template = self._chat_template or self.chat_template(True)
+        return self.tokenizer.apply_chat_template(chat_history, chat_template=template, tokenize=False,
+                                                  add_generation_prompt=add_generation_prompt,
+                                                  continue_final_message=not add_generation_prompt,
+                                                  **self.chat_template_args)
+
+
+def request_generator(seed: int, context_ids: Sequence[int], continuation_ids: Sequence[int]) -> torch.Generator:
+    """The CPU generator of one likelihood request's masks: seeded with ``seed`` and the request's token ids, so that
+    a score depends on neither the order of the requests nor the process that runs them."""
+    digest = hashlib.sha256(repr((int(seed), list(context_ids), list(continuation_ids))).encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
