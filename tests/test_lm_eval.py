@@ -237,3 +237,12 @@ def test_chat_template_prompts_are_the_library_chat_prompts(task_manager):
     own = evaluate_accuracy(model, tokenizer, toy_dataset("test", size=8, conversational=True),
                             toy_generation_config())
     assert completions == own["completions"]
+
+
+def test_decoding_and_scoring_show_lm_evals_progress_bar(capsys):
+    """Minutes of decoding on a real model are not silent: a bar per kind of request, as lm-eval's HF model shows."""
+    lm = DiffusionLM(pretrained=str(toy_assets_dir()), mc_num=2, mc_batch_size=2)
+    lm.generate_until([request("1+2=", do_sample=False), request("3+4=", do_sample=False)])
+    assert "Running generate_until requests" in capsys.readouterr().err
+    lm.generate_until([request("1+2=", do_sample=False)], disable_tqdm=True)
+    assert "Running generate_until requests" not in capsys.readouterr().err

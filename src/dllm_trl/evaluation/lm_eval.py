@@ -241,6 +241,7 @@ class DiffusionLM(LM):
         for i, request in enumerate(requests):
             groups.setdefault(repr(sorted(request.args[1].items())), []).append(i)
         results: list[str] = [""] * len(requests)
+        bar = self._progress(len(requests), "generate_until", disable_tqdm)
         for rows in groups.values():
             config, until, max_gen_toks = self.request_settings(requests[rows[0]].args[1])
             sampler = self.family.sampler_for(config)
@@ -251,6 +252,7 @@ class DiffusionLM(LM):
             def generate(input_ids, attention_mask, sampler=sampler, generator=generator, greedy=greedy,
                          keep=max_gen_toks):
                 out = sampler(self.model, input_ids, attention_mask, None if greedy else generator)
+                bar.update(input_ids.shape[0])
                 return out.completion_ids[:, :keep], out.completion_mask[:, :keep], out.nfe
 
             prompts = [requests[i].args[0] for i in rows]
@@ -259,7 +261,14 @@ class DiffusionLM(LM):
             for i, text in zip(rows, decoded.completions):
                 results[i] = cut_at_stop(text, until)
                 self.cache_hook.add_partial("generate_until", requests[i].args, results[i])
+        bar.close()
         return results
+
+    def _progress(self, total: int, kind: str, disable: bool):
+        """A progress bar over ``total`` requests, as lm-eval's HF model shows it (on the first process only)."""
+        from tqdm import tqdm
+
+        return tqdm(total=total, disable=disable or self._rank != 0, desc=f"Running {kind} requests")
 
     @property
     def prefix_token_id(self) -> int:
@@ -310,12 +319,19 @@ class DiffusionLM(LM):
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         """``(ELBO estimate of log p(continuation | context), is_greedy)`` per request (module docstring)."""
         results = []
-        for request in requests:
+        for request in self._progress_over(requests, "loglikelihood", disable_tqdm):
             context, continuation = request.args
             estimate = self.score_tokens(*self.encode_pair(context, continuation))
             results.append((estimate.value, estimate.greedy))
             self.cache_hook.add_partial("loglikelihood", request.args, results[-1])
         return results
+
+    def _progress_over(self, requests, kind: str, disable: bool):
+        bar = self._progress(len(requests), kind, disable)
+        for request in requests:
+            yield request
+            bar.update(1)
+        bar.close()
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         """The ELBO estimate of a whole text: the sum over lm-eval's disjoint rolling windows of ``max_length``
@@ -323,7 +339,7 @@ class DiffusionLM(LM):
         from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
         results = []
-        for request in requests:
+        for request in self._progress_over(requests, "loglikelihood_rolling", disable_tqdm):
             (text,) = request.args
             windows = map(make_disjoint_window, get_rolling_token_windows(
                 token_list=self.tok_encode(text), prefix_token=self.prefix_token_id, max_seq_len=self.max_length,
