@@ -375,9 +375,8 @@ def test_diffusion_gemma_refuses_a_prompt_past_its_positions(tmp_path):
     args.output_dir = str(tmp_path / "out")
     limit = model.config.get_text_config().max_position_embeddings
     prompt = "1" * (limit - 4)
-    trainer = RLDFTrainer(model=model, reward_funcs=digit_ones_reward, args=args,
-                          train_dataset=Dataset.from_dict({"prompt": [prompt] * 4}), processing_class=tokenizer,
-                          sampler=DiffusionGemmaSampler(DiffusionGemmaSamplerConfig(gen_length=8)),
-                          loss=DiffusionGemmaRLDFLoss(args))
-    with pytest.raises(ValueError, match=f"exceed the model's max_position_embeddings={limit}"):
-        trainer.train()
+    with pytest.raises(ValueError, match=f"exceed the model's max_position_embeddings={limit}"):  # at init
+        RLDFTrainer(model=model, reward_funcs=digit_ones_reward, args=args,
+                    train_dataset=Dataset.from_dict({"prompt": [prompt] * 4}), processing_class=tokenizer,
+                    sampler=DiffusionGemmaSampler(DiffusionGemmaSamplerConfig(gen_length=8)),
+                    loss=DiffusionGemmaRLDFLoss(args))
